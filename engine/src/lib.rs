@@ -14,11 +14,14 @@ pub mod batch;
 pub mod chunk;
 pub mod error;
 pub mod framing;
+#[cfg(test)]
+mod golden;
 pub mod ids;
 pub mod limits;
 pub mod meta;
 pub mod names;
 pub mod options;
+pub mod position;
 pub mod record;
 pub mod timestamp;
 

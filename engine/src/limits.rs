@@ -4,8 +4,10 @@
 //! never counts. The numbers that are flags live in [`Limits`] with these defaults; the
 //! `tuning` crate owns the flags themselves.
 
-/// 1 MiB: the default per-record cap, inclusive (decisions.md).
-pub const RECORD_BYTES_MAX_DEFAULT: u32 = 1 << 20;
+/// 1 MiB: the default per-record cap, inclusive (decisions.md). The flag is
+/// [`tuning::RECORD_BYTES_MAX`], which owns the default.
+pub const RECORD_BYTES_MAX_DEFAULT: u32 = tuning::RECORD_BYTES_MAX.default as u32;
+const _: () = assert!(tuning::RECORD_BYTES_MAX.max <= u32::MAX as u64, "the record cap is a u32");
 /// 100 MiB of content per batch.
 pub const BATCH_BYTES_MAX: u64 = 100 << 20;
 /// Records per batch.
