@@ -1,0 +1,37 @@
+//! nova's benchmarks. Every figure is reported next to a reference measured in the same
+//! run on the same bytes (memcpy here; raw O_DIRECT writes, loopback TCP and raw PUTs in
+//! the suites that need them), because these machines are noisy: the ratio is the
+//! result, the absolute figure is context.
+//!
+//! `cargo run -p bench --release -- codec` runs the format microbenchmarks;
+//! `--quick` shrinks every workload to a smoke run (what CI does).
+
+mod codec;
+mod harness;
+
+use std::process::ExitCode;
+
+const USAGE: &str = "usage: bench <codec|all> [--quick]
+
+  codec   stored-record encode and validate-decode, chunk build and chunk parse (CRCs),
+          each in GB/s and as a ratio to memcpy of the same bytes in the same run
+  all     every suite above
+  --quick small workloads, one pass: a smoke run, not a measurement";
+
+fn main() -> ExitCode {
+    let args: Vec<String> = std::env::args().skip(1).collect();
+    let quick = args.iter().any(|a| a == "--quick");
+    let suites: Vec<&str> =
+        args.iter().map(String::as_str).filter(|a| !a.starts_with("--")).collect();
+    let run_codec = match suites.as_slice() {
+        ["codec"] | ["all"] => true,
+        _ => {
+            eprintln!("{USAGE}");
+            return ExitCode::from(2);
+        }
+    };
+    if run_codec {
+        codec::run(quick);
+    }
+    ExitCode::SUCCESS
+}
