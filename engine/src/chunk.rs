@@ -442,23 +442,59 @@ impl<'a> Chunk<'a> {
     }
 }
 
+/// Bytes reserved in front of every chunk in its buffer for the envelope it travels in
+/// (a journal entry header, or a transit-bundle slot envelope), so that adding the
+/// envelope never copies the chunk.
+pub const ENVELOPE_LEN: usize = 64;
+
+/// Memory a chunk is built in: 4 KiB-aligned, of fixed capacity, owned. `AlignedBuf` is
+/// `Send` (for chunks that cross to the uploader); the shard also builds in glommio's
+/// `DmaBuffer` (for chunks its journal writes with O_DIRECT), which is not.
+pub trait ChunkStorage {
+    /// The whole buffer, readable.
+    fn storage(&self) -> &[u8];
+    /// The whole buffer, writable.
+    fn storage_mut(&mut self) -> &mut [u8];
+}
+
+impl ChunkStorage for AlignedBuf {
+    fn storage(&self) -> &[u8] {
+        self.as_slice()
+    }
+
+    fn storage_mut(&mut self) -> &mut [u8] {
+        self.as_mut_slice()
+    }
+}
+
 /// A chunk whose records are all in and whose directory and header are written: ready
-/// for the journal (its padded bytes) and the uploader (its logical bytes).
+/// for the journal (its envelope, chunk and padding) and the uploader (its chunk bytes).
 #[derive(Debug)]
-pub struct SealedChunk {
-    buf: AlignedBuf,
+pub struct SealedChunk<B: ChunkStorage = AlignedBuf> {
+    buf: B,
     header: ChunkHeader,
 }
 
-impl SealedChunk {
+impl<B: ChunkStorage> SealedChunk<B> {
     /// The chunk's bytes, exactly `header().chunk_len()` long.
     pub fn bytes(&self) -> &[u8] {
-        &self.buf
+        &self.buf.storage()[ENVELOPE_LEN..self.end()]
     }
 
-    /// The chunk's bytes padded with zeros to a multiple of 4 KiB, for O_DIRECT.
+    fn end(&self) -> usize {
+        // chunk_len fits the buffer: the builder checked every byte against its capacity.
+        ENVELOPE_LEN + self.header.chunk_len() as usize
+    }
+
+    /// The envelope in front of the chunk, for the writer that sends it somewhere.
+    pub fn envelope_mut(&mut self) -> &mut [u8; ENVELOPE_LEN] {
+        self.buf.storage_mut().first_chunk_mut().expect("buffers are at least 4 KiB")
+    }
+
+    /// Envelope, chunk and zero padding to a multiple of 4 KiB: what an O_DIRECT write
+    /// of this chunk sends.
     pub fn padded(&self) -> &[u8] {
-        self.buf.padded()
+        &self.buf.storage()[..crate::aligned::round_up(self.end())]
     }
 
     /// The header as written.
@@ -468,19 +504,26 @@ impl SealedChunk {
 
     /// The records, trusted (this process wrote them).
     pub fn records(&self) -> Records<'_> {
-        let data_end = HEADER_LEN + self.header.data_len as usize;
+        let data_start = ENVELOPE_LEN + HEADER_LEN;
+        let data_end = data_start + self.header.data_len as usize;
         let ends_end = data_end + END_LEN * self.header.record_count as usize;
+        let bytes = self.buf.storage();
         Records {
             first_seq_num: self.header.first_seq_num,
             base: 0,
-            ends: &self.buf[data_end..ends_end],
-            timestamps: &self.buf[ends_end..],
-            data: &self.buf[HEADER_LEN..data_end],
+            ends: &bytes[data_end..ends_end],
+            timestamps: &bytes[ends_end..self.end()],
+            data: &bytes[data_start..data_end],
         }
     }
 
-    /// Gives up the buffer (for example to hand it to another thread).
-    pub fn into_buf(self) -> AlignedBuf {
+    /// The buffer, as storage.
+    pub fn storage(&self) -> &B {
+        &self.buf
+    }
+
+    /// Gives up the buffer, to recycle it for another chunk.
+    pub fn into_storage(self) -> B {
         self.buf
     }
 }
@@ -496,8 +539,10 @@ pub struct ChunkFull {
 
 /// Builds one chunk in place: stored records are copied once into the aligned buffer
 /// as they arrive; the directory is kept beside it and written when the chunk is sealed.
-pub struct ChunkBuilder {
-    buf: AlignedBuf,
+///
+/// Buffer layout: `[envelope: 64][header: 64][data ...][directory when sealed][padding]`.
+pub struct ChunkBuilder<B: ChunkStorage = AlignedBuf> {
+    buf: B,
     stream_id: StreamId,
     first_seq_num: u64,
     ends: Vec<u8>,
@@ -507,19 +552,20 @@ pub struct ChunkBuilder {
     last_timestamp: u64,
 }
 
-impl ChunkBuilder {
+impl ChunkBuilder<AlignedBuf> {
     /// An empty chunk for `stream_id` whose first record will be `first_seq_num`, in a
-    /// buffer of at least `capacity` bytes (header, data and directory included).
+    /// fresh buffer of at least `capacity` bytes (envelope, header, data and directory).
     pub fn new(stream_id: StreamId, first_seq_num: u64, capacity: usize) -> Self {
         let buf = AlignedBuf::with_capacity(capacity.max(Self::capacity_for(1, 1)));
         Self::with_buffer(buf, stream_id, first_seq_num)
     }
+}
 
-    /// An empty chunk built in a recycled buffer (a sealed chunk's, via
-    /// [`SealedChunk::into_buf`]): the hot path reuses buffers instead of allocating
-    /// and faulting in fresh pages for every chunk.
-    pub fn with_buffer(mut buf: AlignedBuf, stream_id: StreamId, first_seq_num: u64) -> Self {
-        buf.set_len(0);
+impl<B: ChunkStorage> ChunkBuilder<B> {
+    /// An empty chunk built in `buf`, a fresh or recycled buffer (a sealed chunk's, via
+    /// [`SealedChunk::into_storage`]): the hot path reuses buffers instead of allocating
+    /// and faulting in fresh pages for every chunk. Old bytes in it are overwritten.
+    pub fn with_buffer(buf: B, stream_id: StreamId, first_seq_num: u64) -> Self {
         Self {
             buf,
             stream_id,
@@ -533,9 +579,9 @@ impl ChunkBuilder {
     }
 
     /// The buffer capacity needed for a chunk of `records` records and `data_len` bytes
-    /// of stored records.
+    /// of stored records, envelope included.
     pub const fn capacity_for(records: usize, data_len: usize) -> usize {
-        HEADER_LEN + data_len + DIR_ENTRY_LEN * records
+        ENVELOPE_LEN + HEADER_LEN + data_len + DIR_ENTRY_LEN * records
     }
 
     /// Records so far.
@@ -553,6 +599,11 @@ impl ChunkBuilder {
         self.data_len
     }
 
+    /// The sequence number of the first record.
+    pub fn first_seq_num(&self) -> u64 {
+        self.first_seq_num
+    }
+
     /// The sequence number the next record will take.
     pub fn next_seq_num(&self) -> u64 {
         self.first_seq_num + self.len() as u64
@@ -560,7 +611,7 @@ impl ChunkBuilder {
 
     /// Whether `records` more records of `bytes` stored bytes fit.
     pub fn fits(&self, records: usize, bytes: usize) -> bool {
-        Self::capacity_for(self.len() + records, self.data_len + bytes) <= self.buf.capacity()
+        Self::capacity_for(self.len() + records, self.data_len + bytes) <= self.buf.storage().len()
     }
 
     /// Appends one batch: `lengths` holds each record's stored length (little-endian
@@ -580,10 +631,14 @@ impl ChunkBuilder {
         assert!(lengths.len().is_multiple_of(END_LEN), "lengths are whole u32s");
         assert!(timestamp >= self.last_timestamp, "timestamps never decrease in a stream");
         if !self.fits(records, data.len()) {
-            return Err(ChunkFull { capacity: self.buf.capacity(), records, bytes: data.len() });
+            return Err(ChunkFull {
+                capacity: self.buf.storage().len(),
+                records,
+                bytes: data.len(),
+            });
         }
-        let start = HEADER_LEN + self.data_len;
-        self.buf.capacity_mut()[start..start + data.len()].copy_from_slice(data);
+        let start = ENVELOPE_LEN + HEADER_LEN + self.data_len;
+        self.buf.storage_mut()[start..start + data.len()].copy_from_slice(data);
         self.data_crc.update(data);
         let (ends_at, timestamps_at) = (self.ends.len(), self.timestamps.len());
         self.ends.resize(ends_at + lengths.len(), 0);
@@ -611,7 +666,7 @@ impl ChunkBuilder {
     /// Appends one stored record stamped `timestamp`.
     pub fn push_record(&mut self, stored: &[u8], timestamp: u64) -> Result<(), ChunkFull> {
         let length = u32::try_from(stored.len()).map_err(|_| ChunkFull {
-            capacity: self.buf.capacity(),
+            capacity: self.buf.storage().len(),
             records: 1,
             bytes: stored.len(),
         })?;
@@ -620,12 +675,13 @@ impl ChunkBuilder {
 
     /// The records in so far, served to readers from this buffer without copying.
     pub fn records(&self) -> Records<'_> {
+        let data_start = ENVELOPE_LEN + HEADER_LEN;
         Records {
             first_seq_num: self.first_seq_num,
             base: 0,
             ends: &self.ends,
             timestamps: &self.timestamps,
-            data: &self.buf.capacity_bytes()[HEADER_LEN..HEADER_LEN + self.data_len],
+            data: &self.buf.storage()[data_start..data_start + self.data_len],
         }
     }
 
@@ -634,13 +690,14 @@ impl ChunkBuilder {
     ///
     /// # Panics
     /// If the chunk is empty: an empty chunk is never written.
-    pub fn seal(mut self) -> SealedChunk {
+    pub fn seal(mut self) -> SealedChunk<B> {
         assert!(!self.is_empty(), "an empty chunk is never sealed");
-        let data_end = HEADER_LEN + self.data_len;
+        let chunk_start = ENVELOPE_LEN;
+        let data_end = chunk_start + HEADER_LEN + self.data_len;
         let total = data_end + self.ends.len() + self.timestamps.len();
         let record_count =
             u32::try_from(self.len()).expect("a chunk buffer holds under 4 Gi records");
-        let bytes = self.buf.capacity_mut();
+        let bytes = self.buf.storage_mut();
         bytes[data_end..data_end + self.ends.len()].copy_from_slice(&self.ends);
         bytes[data_end + self.ends.len()..total].copy_from_slice(&self.timestamps);
         let header = ChunkHeader {
@@ -653,11 +710,13 @@ impl ChunkBuilder {
             data_crc: self.data_crc.clone().finalize(),
             directory_crc: crc32fast::hash(&bytes[data_end..total]),
         };
-        header.write(bytes[..HEADER_LEN].first_chunk_mut().expect("64-byte header"));
-        // A recycled buffer holds an older chunk's bytes: zero the padding an O_DIRECT
-        // write of this chunk sends, so what lands on disk is this chunk alone.
+        header.write(
+            bytes[chunk_start..chunk_start + HEADER_LEN].first_chunk_mut().expect("64-byte header"),
+        );
+        // A recycled buffer holds older bytes: zero the envelope (its writer fills it)
+        // and the padding an O_DIRECT write sends, so what lands on disk is this chunk.
+        bytes[..ENVELOPE_LEN].fill(0);
         bytes[total..crate::aligned::round_up(total)].fill(0);
-        self.buf.set_len(total);
         let sealed = SealedChunk { buf: self.buf, header };
         debug_assert_eq!(Chunk::parse(sealed.bytes()).map(|c| c.header), Ok(header));
         sealed
@@ -755,8 +814,8 @@ mod tests {
     fn recycled_buffer_builds_an_identical_chunk() {
         let first = sample();
         let expected = first.bytes().to_vec();
-        let mut dirty = first.into_buf();
-        dirty.capacity_mut().fill(0xEE);
+        let mut dirty = first.into_storage();
+        dirty.as_mut_slice().fill(0xEE);
         let mut builder = ChunkBuilder::with_buffer(dirty, ID, 7);
         builder.push_record(&[0x00, b'h', b'i'], 100).expect("fits");
         builder.push_record(&[0x01, 0x01, 0x01, 0x01, b'k', b'v', b'h', b'i'], 105).expect("fits");
@@ -764,7 +823,12 @@ mod tests {
         builder.push_batch(&lengths, &data, 105).expect("fits");
         let sealed = builder.seal();
         assert_eq!(sealed.bytes(), expected);
-        assert!(sealed.padded()[expected.len()..].iter().all(|&b| b == 0), "padding is zeroed");
+        let padded = sealed.padded();
+        assert!(padded[..ENVELOPE_LEN].iter().all(|&b| b == 0), "the envelope is zeroed");
+        assert!(
+            padded[ENVELOPE_LEN + expected.len()..].iter().all(|&b| b == 0),
+            "padding is zeroed"
+        );
     }
 
     #[test]
@@ -813,7 +877,7 @@ mod tests {
     #[test]
     fn chunk_full_leaves_the_builder_unchanged() {
         let mut builder = ChunkBuilder::new(ID, 0, 4096);
-        let big = vec![0u8; 4096 - HEADER_LEN - DIR_ENTRY_LEN];
+        let big = vec![0u8; 4096 - ENVELOPE_LEN - HEADER_LEN - DIR_ENTRY_LEN];
         builder.push_record(&big, 1).expect("fits");
         let err = builder.push_record(&[0, 1, 2], 1).expect_err("full");
         assert_eq!(err.capacity, 4096);

@@ -11,6 +11,8 @@
 //! `options`, `timestamp` and the data path) and never maps a [`Code`] to an HTTP status:
 //! that happens in exactly one place, in `net`.
 
+use crate::ids::StreamId;
+use crate::journal::JournalError;
 use crate::limits::SEQ_NUM_MAX;
 use crate::meta::MetaError;
 use crate::names::{BucketName, BucketNameRule, StreamKey, StreamKeyRule};
@@ -121,6 +123,14 @@ pub enum Error {
     #[error("a batch must carry at least one record")]
     EmptyBatch,
 
+    /// A batch whose chunk would not fit one journal entry (a segment): the server's
+    /// `--journal-segment-bytes` is set below what this batch needs.
+    #[error(
+        "batch needs a {chunk_bytes}-byte journal entry, over the largest entry of {limit} \
+         bytes (raise --journal-segment-bytes)"
+    )]
+    BatchTooLargeForJournal { chunk_bytes: u64, limit: u64 },
+
     /// A stored record in an append that is not well-formed (records.md, "Codec").
     #[error("record {index} is malformed: {source}")]
     MalformedRecord { index: u32, source: crate::record::Corruption },
@@ -181,6 +191,11 @@ pub enum Error {
     #[error("stream {key:?} not found in bucket {bucket:?}")]
     StreamNotFound { bucket: String, key: String },
 
+    /// A lookup by stream ID (the engine's, never a client's) found no stream that ever
+    /// had the ID.
+    #[error("stream id {id} not found")]
+    StreamIdNotFound { id: StreamId },
+
     // ---- AlreadyExists ------------------------------------------------------------------
     #[error("bucket {bucket:?} already exists")]
     BucketAlreadyExists { bucket: String },
@@ -233,6 +248,11 @@ pub enum Error {
     #[error("{what} is unavailable")]
     Unavailable { what: String },
 
+    /// A control-plane verb lost its metadata race `attempts` times in a row to
+    /// concurrent changes of the same rows; nothing was changed, and a retry may succeed.
+    #[error("{op} lost to concurrent changes {attempts} times in a row; retry")]
+    Contended { op: &'static str, attempts: u32 },
+
     /// A broken invariant or an unexpected failure below the engine.
     #[error("internal error: {message}")]
     Internal { message: String },
@@ -250,6 +270,11 @@ pub enum Error {
     /// they expect (a taken address, a lost race) into their own variants first.
     #[error(transparent)]
     Meta(#[from] crate::meta::MetaError),
+
+    /// The shard's express journal failed or refused (journal/mod.rs). After an i/o
+    /// failure the journal accepts no more appends until it is reopened.
+    #[error(transparent)]
+    Journal(#[from] crate::journal::JournalError),
 }
 
 impl Error {
@@ -267,6 +292,7 @@ impl Error {
             | Error::TimestampNotAllowed { .. }
             | Error::EmptyBatch
             | Error::MalformedRecord { .. }
+            | Error::BatchTooLargeForJournal { .. }
             | Error::TooManyRecords { .. }
             | Error::BatchTooLarge { .. }
             | Error::RecordTooLarge { .. }
@@ -278,7 +304,9 @@ impl Error {
             | Error::ListLimitOutOfRange { .. }
             | Error::InvalidReadBound { .. }
             | Error::SeqNumOverflow { .. } => Code::InvalidArgument,
-            Error::BucketNotFound { .. } | Error::StreamNotFound { .. } => Code::NotFound,
+            Error::BucketNotFound { .. }
+            | Error::StreamNotFound { .. }
+            | Error::StreamIdNotFound { .. } => Code::NotFound,
             Error::BucketAlreadyExists { .. } | Error::StreamAlreadyExists { .. } => {
                 Code::AlreadyExists
             }
@@ -290,13 +318,22 @@ impl Error {
             Error::ThroughputExceeded { .. } | Error::MemoryBudgetExhausted { .. } => {
                 Code::ResourceExhausted
             }
-            Error::Unavailable { .. } => Code::Unavailable,
+            Error::Unavailable { .. } | Error::Contended { .. } => Code::Unavailable,
             Error::Internal { .. } | Error::CorruptChunk(_) => Code::Internal,
             Error::Framing(_) => Code::InvalidArgument,
             Error::Meta(meta) => match meta {
                 MetaError::Conflict { .. } => Code::FailedPrecondition,
                 MetaError::Io { .. } | MetaError::Closed => Code::Unavailable,
                 MetaError::Invalid(_) | MetaError::Corrupt { .. } => Code::Internal,
+            },
+            Error::Journal(journal) => match journal {
+                JournalError::Io { .. } | JournalError::Stopped { .. } => Code::Unavailable,
+                JournalError::AppendInFlight
+                | JournalError::EntryTooLarge { .. }
+                | JournalError::NoEntry { .. }
+                | JournalError::Corrupt { .. }
+                | JournalError::Damaged { .. }
+                | JournalError::InvalidOption { .. } => Code::Internal,
             },
         }
     }
@@ -531,6 +568,11 @@ mod tests {
                 &["\"orders/eu\"", "\"apps\"", "not found"],
             ),
             (
+                Error::StreamIdNotFound { id: StreamId([0xab; 16]) },
+                Code::NotFound,
+                &["stream id abababababababababababababababab not found"],
+            ),
+            (
                 Error::BucketAlreadyExists { bucket: "apps".into() },
                 Code::AlreadyExists,
                 &["\"apps\" already exists"],
@@ -572,6 +614,11 @@ mod tests {
                 &["1073741824", "50 ms"],
             ),
             (Error::unavailable("recovery"), Code::Unavailable, &["recovery is unavailable"]),
+            (
+                Error::Contended { op: "create stream", attempts: 32 },
+                Code::Unavailable,
+                &["create stream", "32 times", "retry"],
+            ),
             (Error::internal("chunk cursor ran backwards"), Code::Internal, &["cursor ran"]),
             (
                 Error::MalformedRecord {
@@ -580,6 +627,11 @@ mod tests {
                 },
                 Code::InvalidArgument,
                 &["record 4", "0x80", "reserved"],
+            ),
+            (
+                Error::BatchTooLargeForJournal { chunk_bytes: 300 << 20, limit: 256 << 20 },
+                Code::InvalidArgument,
+                &["314572800", "268435456", "--journal-segment-bytes"],
             ),
             (
                 Error::Framing(crate::framing::FramingError::UnknownVersion { version: 9 }),
@@ -606,6 +658,57 @@ mod tests {
                 Error::Meta(MetaError::Corrupt { message: "bad row".into() }),
                 Code::Internal,
                 &["bad row"],
+            ),
+            (
+                Error::Journal(JournalError::Io {
+                    op: "syncing",
+                    path: "/data/journal/00000000000000000000.journal".into(),
+                    message: "input/output error".into(),
+                }),
+                Code::Unavailable,
+                &["journal", "syncing", "00000000000000000000.journal", "input/output error"],
+            ),
+            (
+                Error::Journal(JournalError::Stopped { cause: "disk gone".into() }),
+                Code::Unavailable,
+                &["journal is stopped", "disk gone"],
+            ),
+            (
+                Error::Journal(JournalError::AppendInFlight),
+                Code::Internal,
+                &["journal append", "in flight"],
+            ),
+            (
+                Error::Journal(JournalError::EntryTooLarge { bytes: 8192, limit: 4096 }),
+                Code::Internal,
+                &["8192", "4096"],
+            ),
+            (
+                Error::Journal(JournalError::NoEntry { lsn: 4096, head: 8192 }),
+                Code::Internal,
+                &["lsn 4096", "head 8192"],
+            ),
+            (
+                Error::Journal(JournalError::Corrupt { lsn: 4096, reason: "bad crc".into() }),
+                Code::Internal,
+                &["lsn 4096", "corrupt", "bad crc"],
+            ),
+            (
+                Error::Journal(JournalError::Damaged {
+                    path: "/data/journal".into(),
+                    reason: "a segment is missing".into(),
+                }),
+                Code::Internal,
+                &["/data/journal", "a segment is missing"],
+            ),
+            (
+                Error::Journal(JournalError::InvalidOption {
+                    field: "segment_bytes",
+                    value: 7,
+                    reason: "too small",
+                }),
+                Code::Internal,
+                &["segment_bytes 7", "too small"],
             ),
         ]
     }

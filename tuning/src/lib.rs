@@ -60,8 +60,104 @@ pub const RECORD_BYTES_MAX: Knob = Knob {
     reason: "1 MiB is the documented cap (limits.md); above 16 MiB one record would exceed a binary read page",
 };
 
+/// The size of each express journal segment file, which is also the largest journal
+/// entry (an entry never spans segments). Must be a whole number of 4 KiB blocks.
+pub const JOURNAL_SEGMENT_BYTES: Knob = Knob {
+    flag: "journal-segment-bytes",
+    env: "NOVA_JOURNAL_SEGMENT_BYTES",
+    unit: Unit::Bytes,
+    default: 256 << 20,
+    min: 1 << 20,
+    max: 1 << 30,
+    help: "size of each preallocated express journal segment file, and the largest journal entry (a chunk plus 64 bytes, padded to 4 KiB); a batch that needs a larger entry is refused",
+    reason: "256 MiB takes the largest valid batch (100 MiB of content plus its framing and directory) as one entry, and makes a segment roll (preallocate and two syncs) rare next to the writes",
+};
+
+/// How many released journal segments are kept (renamed ahead of the head) for reuse.
+pub const JOURNAL_SPARE_SEGMENTS: Knob = Knob {
+    flag: "journal-spare-segments",
+    env: "NOVA_JOURNAL_SPARE_SEGMENTS",
+    unit: Unit::Count,
+    default: 2,
+    min: 0,
+    max: 64,
+    help: "released express journal segments kept for reuse instead of deleted",
+    reason: "a reused segment skips the preallocation at a roll, and its blocks are already written, so O_DIRECT writes into it need no extent conversion before the fdatasync; two cover a roll while the uploader releases the next",
+};
+
+/// Shard executors: one per core. 0 picks every core but one (the uploader's), at
+/// least one.
+pub const SHARDS: Knob = Knob {
+    flag: "shards",
+    env: "NOVA_SHARDS",
+    unit: Unit::Count,
+    default: 0,
+    min: 0,
+    max: 256,
+    help: "shard executors, one per core (0: every core but the uploader's, at least one); fixed for a data directory",
+    reason: "the design card's thread-per-core shape: one core is left to the uploader and the metadata thread",
+};
+
+/// The memory budget of one shard over stored bytes held (sequenced but not yet
+/// durable, and cached durable chunks).
+pub const SHARD_MEMORY_BYTES: Knob = Knob {
+    flag: "shard-memory-bytes",
+    env: "NOVA_SHARD_MEMORY_BYTES",
+    unit: Unit::Bytes,
+    default: 1 << 30,
+    min: 16 << 20,
+    max: 1 << 40,
+    help: "stored bytes one shard holds in memory (unsettled batches plus cached chunks); appends past it get resource_exhausted",
+    reason: "1 GiB holds several seconds of ingest at disk speed plus a useful read cache, on machines with a few GiB per core",
+};
+
+/// The buffer an express stream's open chunk starts with.
+pub const EXPRESS_CHUNK_BYTES: Knob = Knob {
+    flag: "express-chunk-bytes",
+    env: "NOVA_EXPRESS_CHUNK_BYTES",
+    unit: Unit::Bytes,
+    default: 256 << 10,
+    min: 8 << 10,
+    max: 64 << 20,
+    help: "buffer size an express stream's open chunk starts with (a larger batch gets a buffer of its own size)",
+    reason: "express chunks are cut at every group commit, so a buffer holds the batches of one group: 256 KiB holds a 256-record batch of 1 KiB records in one write",
+};
+
+/// Requests queued for one shard before senders wait.
+pub const SHARD_INBOX_DEPTH: Knob = Knob {
+    flag: "shard-inbox-depth",
+    env: "NOVA_SHARD_INBOX_DEPTH",
+    unit: Unit::Count,
+    default: 1024,
+    min: 16,
+    max: 1 << 16,
+    help: "requests queued for one shard before senders wait (a bounded cross-core channel)",
+    reason: "deep enough that pipelining producers never wait on the queue at disk speed, small enough to bound what a stalled shard holds",
+};
+
+/// Requests one shard handles at once.
+pub const SHARD_HANDLERS_MAX: Knob = Knob {
+    flag: "shard-handlers-max",
+    env: "NOVA_SHARD_HANDLERS_MAX",
+    unit: Unit::Count,
+    default: 4096,
+    min: 16,
+    max: 1 << 20,
+    help: "requests one shard works on at once (waiting reads and unacknowledged appends included)",
+    reason: "each waiting request costs a task and little memory; the memory budget, not this, bounds the bytes they hold",
+};
+
 /// Every knob, in the order `--help` and the doc list them.
-pub const KNOBS: &[Knob] = &[RECORD_BYTES_MAX];
+pub const KNOBS: &[Knob] = &[
+    RECORD_BYTES_MAX,
+    SHARDS,
+    SHARD_MEMORY_BYTES,
+    EXPRESS_CHUNK_BYTES,
+    SHARD_INBOX_DEPTH,
+    SHARD_HANDLERS_MAX,
+    JOURNAL_SEGMENT_BYTES,
+    JOURNAL_SPARE_SEGMENTS,
+];
 
 /// A knob value that could not be used.
 #[derive(Clone, Debug, PartialEq, Eq)]

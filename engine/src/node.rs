@@ -1,0 +1,468 @@
+//! A node: the running engine on one machine. It opens the metadata store, starts one
+//! shard executor per configured core (each recovers its own journal before it serves),
+//! and routes every stream operation to the shard that leads the stream: the one at
+//! `hash(stream ID) mod shards`.
+//!
+//! [`Client`] is the node's `Send + Clone` handle. It resolves a stream's address
+//! through the control plane on the caller's thread, then sends the operation — the
+//! whole batch, never single records — over a bounded channel to the owning shard, and
+//! awaits the reply on a one-shot channel. Tests, the in-process bench and, later, the
+//! HTTP layer use it.
+//!
+//! The shard count is fixed for a data directory (its journals are per shard): the
+//! manifest records it and a node with another count refuses to start.
+
+use std::collections::HashMap;
+use std::path::{Path, PathBuf};
+use std::rc::Rc;
+use std::sync::{Arc, RwLock};
+
+use glommio::{LocalExecutorBuilder, Placement};
+
+use crate::control::{Clock, ControlPlane, Door, StreamRecord, SystemClock};
+use crate::error::{Error, Result};
+use crate::ids::StreamId;
+use crate::journal::{Journal, JournalConfig, Location};
+use crate::meta::{RedbMetaOptions, RedbMetaStore};
+use crate::names::{BucketName, StreamKey};
+use crate::options::StreamOptionsPatch;
+use crate::position::Tail;
+use crate::shard::{
+    Answer, AppendAck, AppendRequest, Op, ReadReply, ReadRequest, Reply, Shard, ShardConfig,
+    ShardStats, TrimTo,
+};
+use crate::stream::DurableChunk;
+
+/// The manifest's name in the data directory.
+const MANIFEST: &str = "nova.manifest";
+/// The manifest's format line.
+const MANIFEST_FORMAT: &str = "nova manifest 1";
+
+/// Everything a node needs to start.
+#[derive(Clone, Debug)]
+pub struct NodeConfig {
+    pub data_dir: PathBuf,
+    /// Shard executors (one per core).
+    pub shards: usize,
+    /// Pin shard `i` to core `first_core + i`; `None` leaves them unbound.
+    pub first_core: Option<usize>,
+    pub shard: ShardConfig,
+    pub journal: JournalConfig,
+    pub meta: RedbMetaOptions,
+    /// Requests queued for one shard before senders wait.
+    pub inbox_depth: usize,
+    /// Requests one shard handles at once.
+    pub handlers_max: u64,
+}
+
+impl NodeConfig {
+    /// A node on `data_dir` with every knob at its default.
+    pub fn new(data_dir: impl Into<PathBuf>) -> Self {
+        let shards = match tuning::SHARDS.default {
+            0 => default_shards(),
+            n => usize::try_from(n).expect("the knob's range is small"),
+        };
+        Self {
+            data_dir: data_dir.into(),
+            shards,
+            first_core: None,
+            shard: ShardConfig {
+                limits: crate::limits::Limits::default(),
+                memory_budget_bytes: tuning::SHARD_MEMORY_BYTES.default,
+                express_chunk_bytes: usize::try_from(tuning::EXPRESS_CHUNK_BYTES.default)
+                    .expect("the knob's range fits memory"),
+            },
+            journal: JournalConfig::default(),
+            meta: RedbMetaOptions::default(),
+            inbox_depth: usize::try_from(tuning::SHARD_INBOX_DEPTH.default).expect("small"),
+            handlers_max: tuning::SHARD_HANDLERS_MAX.default,
+        }
+    }
+}
+
+/// Every core but one (the uploader's and the metadata thread's), at least one.
+pub fn default_shards() -> usize {
+    std::thread::available_parallelism().map_or(1, |n| n.get().saturating_sub(1).max(1))
+}
+
+enum Message {
+    Op { record: Box<StreamRecord>, op: Op, reply: flume::Sender<Answer> },
+    Stats(flume::Sender<ShardStats>),
+    Stop,
+}
+
+/// A running node.
+pub struct Node {
+    client: Client,
+    threads: Vec<glommio::ExecutorJoinHandle<()>>,
+}
+
+/// The node's handle: cheap to clone, usable from any thread.
+#[derive(Clone)]
+pub struct Client {
+    shards: Arc<[flume::Sender<Message>]>,
+    control: ControlPlane<RedbMetaStore>,
+    /// Addresses resolved before, so the hot path skips the metadata round trip. Safe
+    /// because a leader builds its state from the stream's current record by ID: a
+    /// stale entry (the stream deleted, or recreated with a new ID) comes back from the
+    /// leader as not found, and the client resolves once more.
+    resolved: Arc<RwLock<HashMap<(BucketName, StreamKey), StreamRecord>>>,
+}
+
+/// Addresses the resolve cache holds before it starts over.
+const RESOLVED_MAX: usize = 100_000;
+/// Resolves one operation may take before it gives up (each after a stale record).
+const ATTEMPTS_MAX: u32 = 4;
+
+impl Node {
+    /// Starts a node and returns once every shard has recovered and serves. Blocking:
+    /// call it from an ordinary thread, never from a shard.
+    pub fn start(config: NodeConfig) -> Result<Node> {
+        Self::start_with_clock(config, Arc::new(SystemClock))
+    }
+
+    /// [`Node::start`] with the clock that stamps arrivals and records (tests).
+    pub fn start_with_clock(config: NodeConfig, clock: Arc<dyn Clock>) -> Result<Node> {
+        assert!(config.shards > 0, "a node has at least one shard");
+        std::fs::create_dir_all(&config.data_dir)
+            .map_err(|e| io_error("create the data directory", &e))?;
+        check_manifest(&config.data_dir, config.shards)?;
+        let meta = RedbMetaStore::open(config.data_dir.join("meta"), config.meta)?;
+        let control =
+            ControlPlane::with_seams(meta, Arc::clone(&clock), Arc::new(crate::control::OsRandom));
+        let (ready_tx, ready_rx) = flume::bounded(config.shards);
+        let mut senders = Vec::with_capacity(config.shards);
+        let mut threads = Vec::with_capacity(config.shards);
+        for index in 0..config.shards {
+            let (tx, rx) = flume::bounded(config.inbox_depth);
+            senders.push(tx);
+            let placement =
+                config.first_core.map_or(Placement::Unbound, |core| Placement::Fixed(core + index));
+            let (config, control, clock, ready) =
+                (config.clone(), control.clone(), Arc::clone(&clock), ready_tx.clone());
+            let thread = LocalExecutorBuilder::new(placement)
+                .name(&format!("nova-shard-{index}"))
+                .spawn(move || run_shard(index, config, control, clock, rx, ready))
+                .map_err(|e| Error::internal(format!("start shard {index}: {e}")))?;
+            threads.push(thread);
+        }
+        drop(ready_tx);
+        let client = Client { shards: senders.into(), control, resolved: Arc::default() };
+        let node = Node { client, threads };
+        for _ in 0..config.shards {
+            match ready_rx.recv() {
+                Ok(Ok(())) => {}
+                Ok(Err(error)) => {
+                    node.stop();
+                    return Err(error);
+                }
+                Err(_) => {
+                    node.stop();
+                    return Err(Error::internal("a shard stopped before it was ready"));
+                }
+            }
+        }
+        Ok(node)
+    }
+
+    /// The node's handle.
+    pub fn client(&self) -> Client {
+        self.client.clone()
+    }
+
+    /// Stops every shard after the requests it holds are answered, and waits for them.
+    pub fn stop(self) {
+        for shard in self.client.shards.iter() {
+            let _ = shard.send(Message::Stop);
+        }
+        for thread in self.threads {
+            let _ = thread.join();
+        }
+        // Close the metadata store now, not when the last client clone happens to drop:
+        // the next node on this directory needs its lock.
+        let _ = futures_lite::future::block_on(self.client.control.store().close());
+    }
+}
+
+fn io_error(op: &'static str, error: &std::io::Error) -> Error {
+    Error::Unavailable { what: format!("the data directory ({op}: {error})") }
+}
+
+fn check_manifest(dir: &Path, shards: usize) -> Result<()> {
+    let path = dir.join(MANIFEST);
+    let expected = format!("{MANIFEST_FORMAT}\nshards {shards}\n");
+    match std::fs::read_to_string(&path) {
+        Ok(found) if found == expected => Ok(()),
+        Ok(found) => Err(Error::InvalidOptionValue {
+            field: "shards",
+            value: shards.to_string(),
+            reason: format!(
+                "the data directory {} was written with another layout ({:?}); its journals are per shard",
+                dir.display(),
+                found.lines().collect::<Vec<_>>().join("; ")
+            ),
+        }),
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => {
+            let temporary = dir.join(format!("{MANIFEST}.tmp"));
+            std::fs::write(&temporary, &expected)
+                .map_err(|e| io_error("write the manifest", &e))?;
+            std::fs::File::open(&temporary)
+                .and_then(|f| f.sync_all())
+                .and_then(|()| std::fs::rename(&temporary, &path))
+                .and_then(|()| std::fs::File::open(dir)?.sync_all())
+                .map_err(|e| io_error("write the manifest", &e))
+        }
+        Err(e) => Err(io_error("read the manifest", &e)),
+    }
+}
+
+/// One shard's executor: recover the journal, then serve until told to stop.
+async fn run_shard(
+    index: usize,
+    config: NodeConfig,
+    control: ControlPlane<RedbMetaStore>,
+    clock: Arc<dyn Clock>,
+    inbox: flume::Receiver<Message>,
+    ready: flume::Sender<Result<()>>,
+) {
+    let dir = config.data_dir.join("journal").join(format!("shard-{index}"));
+    let opened = async { Journal::open(&dir, config.journal).await };
+    let (journal, entries) = match opened.await {
+        Ok(opened) => opened,
+        Err(error) => {
+            let _ = ready.send(Err(error));
+            return;
+        }
+    };
+    let mut recovered: HashMap<StreamId, Vec<DurableChunk<Location>>> = HashMap::new();
+    for entry in entries {
+        recovered.entry(entry.header.stream_id).or_default().push(DurableChunk::new(
+            &entry.header,
+            entry.location,
+            None,
+        ));
+    }
+    let shard = Shard::new(index, config.shard.clone(), control, clock, journal, recovered);
+    let flusher = glommio::spawn_local(Rc::clone(&shard).flusher());
+    let _ = ready.send(Ok(()));
+
+    let permits = Rc::new(glommio::sync::Semaphore::new(config.handlers_max));
+    while let Ok(message) = inbox.recv_async().await {
+        match message {
+            Message::Op { record, op, reply } => {
+                let Ok(permit) = permits.acquire_static_permit(1).await else { break };
+                let shard = Rc::clone(&shard);
+                glommio::spawn_local(async move {
+                    let _ = reply.send(shard.handle(*record, op).await);
+                    drop(permit);
+                })
+                .detach();
+            }
+            Message::Stats(reply) => {
+                let _ = reply.send(shard.stats());
+            }
+            Message::Stop => break,
+        }
+    }
+    // Answer what is in hand (every handler gives its permit back when done), then let
+    // the flusher finish and drop everything the shard holds, its metadata handle too.
+    let _ = permits.acquire(config.handlers_max).await;
+    shard.stop();
+    flusher.await;
+    debug_assert_eq!(shard.index(), index);
+}
+
+impl Client {
+    /// The control plane, for buckets and the stream verbs that need no leader.
+    pub fn control(&self) -> &ControlPlane<RedbMetaStore> {
+        &self.control
+    }
+
+    /// The shard that leads a stream.
+    pub fn owner(&self, id: StreamId) -> usize {
+        let hash = u64::from_le_bytes(id.0[..8].try_into().expect("8 of 16 bytes"));
+        (hash % self.shards.len() as u64) as usize
+    }
+
+    /// Runs `op` on the stream's leader. The address is resolved from the cache when it
+    /// can be; a leader that finds no live stream behind the record's ID hands the op
+    /// back unused, and it is tried again with a fresh resolve.
+    async fn call(
+        &self,
+        bucket: &BucketName,
+        key: &StreamKey,
+        door: Door,
+        mut op: Op,
+    ) -> Result<Reply> {
+        let address = (bucket.clone(), key.clone());
+        for attempt in 0..ATTEMPTS_MAX {
+            let cached = if attempt == 0 { self.cached(&address) } else { None };
+            let record = match cached {
+                Some(record) => record,
+                None => {
+                    let record = self.control.resolve(bucket, key, door).await?.record;
+                    self.remember(&address, &record);
+                    record
+                }
+            };
+            match self.send(record, op).await? {
+                Answer::Done(result) => return result,
+                Answer::Stale(returned) => {
+                    self.forget(&address);
+                    op = returned;
+                }
+            }
+        }
+        Err(Error::Contended { op: "route to the stream's leader", attempts: ATTEMPTS_MAX })
+    }
+
+    async fn send(&self, record: StreamRecord, op: Op) -> Result<Answer> {
+        let (reply, answer) = flume::bounded(1);
+        let owner = self.owner(record.id);
+        let message = Message::Op { record: Box::new(record), op, reply };
+        self.shards[owner].send_async(message).await.map_err(|_| stopped())?;
+        answer.recv_async().await.map_err(|_| stopped())
+    }
+
+    fn cached(&self, address: &(BucketName, StreamKey)) -> Option<StreamRecord> {
+        self.resolved.read().ok().and_then(|map| map.get(address).cloned())
+    }
+
+    fn remember(&self, address: &(BucketName, StreamKey), record: &StreamRecord) {
+        if let Ok(mut map) = self.resolved.write() {
+            if map.len() >= RESOLVED_MAX {
+                map.clear();
+            }
+            map.insert(address.clone(), record.clone());
+        }
+    }
+
+    fn forget(&self, address: &(BucketName, StreamKey)) {
+        if let Ok(mut map) = self.resolved.write() {
+            map.remove(address);
+        }
+    }
+
+    /// Appends one batch (creating the stream if its bucket says so).
+    pub async fn append(
+        &self,
+        bucket: &BucketName,
+        key: &StreamKey,
+        request: AppendRequest,
+    ) -> Result<AppendAck> {
+        match self.call(bucket, key, Door::Append, Op::Append(request)).await? {
+            Reply::Appended(ack) => Ok(ack),
+            other => Err(unexpected(&other)),
+        }
+    }
+
+    /// Reads one page (creating the stream if its bucket says so).
+    pub async fn read(
+        &self,
+        bucket: &BucketName,
+        key: &StreamKey,
+        request: ReadRequest,
+    ) -> Result<ReadReply> {
+        match self.call(bucket, key, Door::Read, Op::Read(request)).await? {
+            Reply::Read(page) => Ok(page),
+            other => Err(unexpected(&other)),
+        }
+    }
+
+    /// CheckTail.
+    pub async fn check_tail(&self, bucket: &BucketName, key: &StreamKey) -> Result<Tail> {
+        match self.call(bucket, key, Door::Observe, Op::CheckTail).await? {
+            Reply::Tail(tail) => Ok(tail),
+            other => Err(unexpected(&other)),
+        }
+    }
+
+    /// GetStream: the current record, with the tail from its leader.
+    pub async fn get_stream(
+        &self,
+        bucket: &BucketName,
+        key: &StreamKey,
+    ) -> Result<(StreamRecord, Tail)> {
+        let tail = self.check_tail(bucket, key).await?;
+        let record = self.control.get_stream(bucket, key).await?;
+        Ok((record, tail))
+    }
+
+    /// Fence: sets a new token; returns the tail once every earlier batch is durable.
+    pub async fn fence(
+        &self,
+        bucket: &BucketName,
+        key: &StreamKey,
+        token: String,
+        expected: Option<String>,
+    ) -> Result<Tail> {
+        match self.call(bucket, key, Door::Observe, Op::Fence { token, expected }).await? {
+            Reply::Tail(tail) => Ok(tail),
+            other => Err(unexpected(&other)),
+        }
+    }
+
+    /// Trim: moves the watermark forward; returns the watermark in force.
+    pub async fn trim(&self, bucket: &BucketName, key: &StreamKey, to: TrimTo) -> Result<u64> {
+        match self.call(bucket, key, Door::Observe, Op::Trim(to)).await? {
+            Reply::Trimmed { trim_seq_num } => Ok(trim_seq_num),
+            other => Err(unexpected(&other)),
+        }
+    }
+
+    /// ReconfigureStream, through the leader so it applies at once.
+    pub async fn reconfigure(
+        &self,
+        bucket: &BucketName,
+        key: &StreamKey,
+        patch: StreamOptionsPatch,
+    ) -> Result<StreamRecord> {
+        match self.call(bucket, key, Door::Observe, Op::Reconfigure(patch)).await? {
+            Reply::Reconfigured(record) => Ok(*record),
+            other => Err(unexpected(&other)),
+        }
+    }
+
+    /// DeleteStream: through the leader, which fences and drains the stream first.
+    /// Deleting a deleted stream succeeds; one that never existed is not found.
+    pub async fn delete_stream(&self, bucket: &BucketName, key: &StreamKey) -> Result<()> {
+        let address = (bucket.clone(), key.clone());
+        self.forget(&address);
+        let mut op = Op::Delete;
+        for _ in 0..ATTEMPTS_MAX {
+            let record = match self.control.resolve(bucket, key, Door::Observe).await {
+                Ok(created) => created.record,
+                // No live stream at the address: the control plane knows whether one was
+                // deleted there (success) or never existed (not found).
+                Err(Error::StreamNotFound { .. }) => {
+                    return self.control.delete_stream(bucket, key, None).await.map(drop);
+                }
+                Err(other) => return Err(other),
+            };
+            match self.send(record, op).await? {
+                Answer::Done(result) => return result.map(drop),
+                Answer::Stale(returned) => op = returned,
+            }
+        }
+        Err(Error::Contended { op: "delete stream", attempts: ATTEMPTS_MAX })
+    }
+
+    /// Each shard's counters.
+    pub async fn stats(&self) -> Result<Vec<ShardStats>> {
+        let mut all = Vec::with_capacity(self.shards.len());
+        for shard in self.shards.iter() {
+            let (reply, answer) = flume::bounded(1);
+            shard.send_async(Message::Stats(reply)).await.map_err(|_| stopped())?;
+            all.push(answer.recv_async().await.map_err(|_| stopped())?);
+        }
+        Ok(all)
+    }
+}
+
+fn stopped() -> Error {
+    Error::unavailable("the node (it is stopping)")
+}
+
+fn unexpected(reply: &Reply) -> Error {
+    Error::internal(format!("a leader answered with {reply:?}"))
+}

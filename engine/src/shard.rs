@@ -1,0 +1,681 @@
+//! A shard: one glommio executor on one core that owns a set of streams (by a hash of
+//! their IDs) and is the leader of each. It alone mutates their state: no locks and no
+//! shared mutable state with other shards. Requests for its streams arrive over a
+//! bounded channel ([`crate::node`] routes them) and are answered the same way.
+//!
+//! What runs here:
+//! - the request handlers ([`Shard::handle`]): append, read (with long-poll wait), check
+//!   tail, fence, trim, reconfigure, delete;
+//! - the flusher: group commit. It seals every express stream's open chunk (and every
+//!   standard stream's whose flush trigger fired), writes them all to the journal with
+//!   one fdatasync, then makes them visible and acknowledges their batches. Appends that
+//!   arrive while a group is being written form the next group;
+//! - the memory budget over stored bytes held (sequenced and not yet durable, and
+//!   cached durable chunks): cached chunks are evicted oldest first (they stay readable
+//!   from the journal); when only unsettled bytes remain, appends are refused with
+//!   ResourceExhausted.
+//!
+//! Never here: blocking calls (metadata answers through futures from its own thread,
+//! awaited in the executor's default `Latency::NotImportant` queue, as platform.md
+//! requires for anything woken from another thread), and RefCell borrows held across an
+//! `.await`.
+
+use std::cell::{Cell, RefCell};
+use std::collections::{HashMap, HashSet, VecDeque};
+use std::rc::Rc;
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use crate::batch;
+use crate::chunk::{ChunkBuilder, SealedChunk};
+use crate::control::{Clock, ControlPlane, StreamRecord};
+use crate::error::{Error, Result};
+use crate::framing::{self, AppendFrame};
+use crate::ids::StreamId;
+use crate::journal::{Journal, JournalBuffer, JournalRead, Location};
+use crate::limits::{FENCING_TOKEN_BYTES_MAX, Limits};
+use crate::meta::RedbMetaStore;
+use crate::notify::Notify;
+use crate::options::{StorageClass, StreamOptionsPatch};
+use crate::position::{Position, Tail};
+use crate::stream::{
+    AppendInput, ChunkSource, DurableChunk, Leader, LeaderInit, PageLimits, ReadStart, Step,
+};
+use crate::timestamp::Offered;
+
+/// The leader type of a shard: chunks built in DMA buffers, stored in the journal.
+type ShardLeader = Leader<JournalBuffer, Location>;
+
+impl ChunkSource for JournalRead {
+    fn records(&self) -> crate::chunk::Records<'_> {
+        JournalRead::records(self)
+    }
+}
+
+/// A shard's settings (from `tuning`, via the node).
+#[derive(Clone, Debug)]
+pub struct ShardConfig {
+    pub limits: Limits,
+    /// Stored bytes a shard may hold in memory (unsettled plus cached).
+    pub memory_budget_bytes: u64,
+    /// Buffer size an express stream's open chunk starts with.
+    pub express_chunk_bytes: usize,
+}
+
+/// An append as it crosses to the owning shard: the whole batch, in binary framing.
+#[derive(Clone, Debug)]
+pub struct AppendRequest {
+    /// The batch in binary framing (`framing.rs`); the JSON path encodes into it.
+    pub framed: Vec<u8>,
+    /// What the records offered as timestamps, when the framing's one batch stamp does
+    /// not say it all (JSON records stamp each record or not). `None`: from the framing.
+    pub offered: Option<Offered>,
+}
+
+/// The acknowledgement of an append: where it landed and the tail at the ack.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct AppendAck {
+    pub start: Position,
+    pub end: Position,
+    pub tail: Tail,
+}
+
+/// A read of one page.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct ReadRequest {
+    pub start: ReadStart,
+    pub clamp: bool,
+    /// The page's bounds, already folded with the page caps of the response format.
+    pub limits: PageLimits,
+    /// How long to wait for records when none are readable at the start.
+    pub wait: Option<Duration>,
+}
+
+/// One page, in binary framing: records frames (no page-end frame; the fields say it).
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct ReadReply {
+    pub frames: Vec<u8>,
+    pub record_count: u64,
+    pub content_bytes: u64,
+    pub next_seq_num: u64,
+    pub tail: Tail,
+    /// The page stopped at `until`.
+    pub reached_until: bool,
+}
+
+/// Where a Trim goes.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum TrimTo {
+    SeqNum(u64),
+    /// The first record stamped at or after this.
+    Timestamp(u64),
+}
+
+/// An operation on one stream, sent to its leader.
+#[derive(Debug)]
+pub enum Op {
+    Append(AppendRequest),
+    Read(ReadRequest),
+    CheckTail,
+    Fence { token: String, expected: Option<String> },
+    Trim(TrimTo),
+    Reconfigure(StreamOptionsPatch),
+    Delete,
+}
+
+/// What a shard answers: the op's result, or the op itself, unused, when no live
+/// stream is behind the record it came with (resolve again and resend it).
+#[derive(Debug)]
+pub enum Answer {
+    Done(Result<Reply>),
+    Stale(Op),
+}
+
+/// A leader's answer.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum Reply {
+    Appended(AppendAck),
+    Read(ReadReply),
+    Tail(Tail),
+    Trimmed { trim_seq_num: u64 },
+    Reconfigured(Box<StreamRecord>),
+    Deleted,
+}
+
+/// A stream this shard leads, with what its waiters wait on.
+struct Slot {
+    bucket: String,
+    key: String,
+    leader: RefCell<ShardLeader>,
+    /// Notified when the visible tail moves, and on deletion.
+    changed: Notify,
+    /// Queued for the flusher.
+    queued: Cell<bool>,
+    /// Standard class: a flush trigger fired.
+    due: Cell<bool>,
+    /// Standard class: a delay timer is running for the open chunk.
+    timer_armed: Cell<bool>,
+}
+
+impl Slot {
+    fn not_found(&self) -> Error {
+        Error::StreamNotFound { bucket: self.bucket.clone(), key: self.key.clone() }
+    }
+}
+
+/// Counters a benchmark or `/metrics` reads.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct ShardStats {
+    pub groups: u64,
+    pub chunks: u64,
+    pub batches_acked: u64,
+}
+
+pub(crate) struct Shard {
+    index: usize,
+    config: ShardConfig,
+    control: ControlPlane<RedbMetaStore>,
+    clock: Arc<dyn Clock>,
+    journal: Rc<Journal>,
+    streams: RefCell<HashMap<StreamId, Rc<Slot>>>,
+    /// Durable chunks found by recovery, per stream, until its leader is made.
+    recovered: RefCell<HashMap<StreamId, Vec<DurableChunk<Location>>>>,
+    /// Streams whose leaders are being made (their records fetched).
+    loading: RefCell<HashSet<StreamId>>,
+    loaded: Notify,
+    /// Streams with sequenced records for the flusher.
+    queue: RefCell<VecDeque<StreamId>>,
+    work: Notify,
+    /// Stored bytes held: unsettled plus cached.
+    held: Cell<u64>,
+    /// Cached durable chunks, oldest first: (stream, first seq_num).
+    cache_order: RefCell<VecDeque<(StreamId, u64)>>,
+    /// Set when the journal failed: nothing more is acknowledged until a restart.
+    failed: RefCell<Option<String>>,
+    /// Set when the shard stops: the flusher returns once nothing is left to flush.
+    stopping: Cell<bool>,
+    stats: Cell<ShardStats>,
+}
+
+impl Shard {
+    pub(crate) fn new(
+        index: usize,
+        config: ShardConfig,
+        control: ControlPlane<RedbMetaStore>,
+        clock: Arc<dyn Clock>,
+        journal: Journal,
+        recovered: HashMap<StreamId, Vec<DurableChunk<Location>>>,
+    ) -> Rc<Self> {
+        Rc::new(Self {
+            index,
+            config,
+            control,
+            clock,
+            journal: Rc::new(journal),
+            streams: RefCell::default(),
+            recovered: RefCell::new(recovered),
+            loading: RefCell::default(),
+            loaded: Notify::new(),
+            queue: RefCell::default(),
+            work: Notify::new(),
+            held: Cell::new(0),
+            cache_order: RefCell::default(),
+            failed: RefCell::default(),
+            stopping: Cell::new(false),
+            stats: Cell::default(),
+        })
+    }
+
+    pub(crate) fn index(&self) -> usize {
+        self.index
+    }
+
+    pub(crate) fn stats(&self) -> ShardStats {
+        self.stats.get()
+    }
+
+    /// Asks the flusher to return once every queued stream is flushed. Called after the
+    /// last handler finished, so nothing new is queued.
+    pub(crate) fn stop(&self) {
+        self.stopping.set(true);
+        self.work.notify();
+    }
+
+    fn now_ms(&self) -> u64 {
+        self.clock.now_ms()
+    }
+
+    fn check_failed(&self) -> Result<()> {
+        match &*self.failed.borrow() {
+            Some(why) => Err(Error::unavailable(format!("shard {} journal ({why})", self.index))),
+            None => Ok(()),
+        }
+    }
+
+    /// Runs one operation on a stream this shard leads. When no live stream is behind
+    /// the record's ID (the caller resolved it before a delete), the op comes back
+    /// unused for the caller to resolve again.
+    pub(crate) async fn handle(self: &Rc<Self>, record: StreamRecord, op: Op) -> Answer {
+        if let Err(error) = self.check_failed() {
+            return Answer::Done(Err(error));
+        }
+        let slot = match self.slot(&record).await {
+            Ok(slot) => slot,
+            Err(Error::StreamNotFound { .. }) => return Answer::Stale(op),
+            Err(error) => return Answer::Done(Err(error)),
+        };
+        Answer::Done(self.run(&slot, record, op).await)
+    }
+
+    async fn run(self: &Rc<Self>, slot: &Rc<Slot>, record: StreamRecord, op: Op) -> Result<Reply> {
+        let slot = Rc::clone(slot);
+        match op {
+            Op::Append(request) => self.append(&slot, request).await.map(Reply::Appended),
+            Op::Read(request) => self.read(&slot, request).await.map(Reply::Read),
+            Op::CheckTail => Ok(Reply::Tail(slot.leader.borrow().tail())),
+            Op::Fence { token, expected } => {
+                self.fence(&slot, token, expected).await.map(Reply::Tail)
+            }
+            Op::Trim(to) => self.trim(&slot, to).await,
+            Op::Reconfigure(patch) => {
+                let updated =
+                    self.control.reconfigure_stream(&record.bucket, &record.key, &patch).await?;
+                slot.leader.borrow_mut().set_options(updated.options, self.now_ms());
+                Ok(Reply::Reconfigured(Box::new(updated)))
+            }
+            Op::Delete => self.delete(&slot, &record).await,
+        }
+    }
+
+    /// The stream's slot, making its leader on first use from the stream's current
+    /// record and the chunks recovery found for it.
+    async fn slot(self: &Rc<Self>, record: &StreamRecord) -> Result<Rc<Slot>> {
+        loop {
+            if let Some(slot) = self.streams.borrow().get(&record.id) {
+                return Ok(Rc::clone(slot));
+            }
+            let seen = self.loaded.generation();
+            if !self.loading.borrow_mut().insert(record.id) {
+                self.loaded.changed(seen).await;
+                continue;
+            }
+            let made = self.make_slot(record).await;
+            self.loading.borrow_mut().remove(&record.id);
+            self.loaded.notify();
+            return made;
+        }
+    }
+
+    async fn make_slot(&self, record: &StreamRecord) -> Result<Rc<Slot>> {
+        // The caller's record may be stale (the stream deleted since it resolved it).
+        let current = self
+            .control
+            .stream_by_id(record.id)
+            .await?
+            .filter(|r| r.deleted_at_ms.is_none())
+            .ok_or_else(|| Error::StreamNotFound {
+                bucket: record.bucket.to_string(),
+                key: record.key.to_string(),
+            })?;
+        let chunks = self.recovered.borrow_mut().remove(&current.id).unwrap_or_default();
+        let leader = Leader::new(LeaderInit {
+            id: current.id,
+            options: current.options,
+            fencing_token: current.fencing_token,
+            trim_seq_num: current.trim_seq_num,
+            chunks,
+            now_ms: self.now_ms(),
+        });
+        let slot = Rc::new(Slot {
+            bucket: current.bucket.to_string(),
+            key: current.key.to_string(),
+            leader: RefCell::new(leader),
+            changed: Notify::new(),
+            queued: Cell::new(false),
+            due: Cell::new(false),
+            timer_armed: Cell::new(false),
+        });
+        self.streams.borrow_mut().insert(current.id, Rc::clone(&slot));
+        Ok(slot)
+    }
+
+    async fn append(self: &Rc<Self>, slot: &Rc<Slot>, request: AppendRequest) -> Result<AppendAck> {
+        let frame = AppendFrame::decode(&request.framed)?;
+        if let Some(token) = frame.conditions.fencing_token
+            && token.len() > FENCING_TOKEN_BYTES_MAX
+        {
+            return Err(Error::FencingTokenTooLong {
+                len: token.len(),
+                limit: FENCING_TOKEN_BYTES_MAX,
+            });
+        }
+        let summary = batch::validate(frame.lengths, frame.data, &self.config.limits)?;
+        let offered = request.offered.unwrap_or_else(|| {
+            std::iter::repeat_n(frame.conditions.timestamp, summary.records as usize).collect()
+        });
+        let input = AppendInput {
+            lengths: frame.lengths,
+            data: frame.data,
+            summary,
+            offered,
+            match_seq_num: frame.conditions.match_seq_num,
+            fencing_token: frame.conditions.fencing_token,
+        };
+        // A batch is one chunk at most, and a chunk (with its envelope, padded) one
+        // journal entry: refuse what could never be written, before it takes numbers.
+        let entry_max = self.journal.entry_bytes_max();
+        let chunk_bytes = crate::aligned::round_up(ChunkBuilder::<JournalBuffer>::capacity_for(
+            summary.records as usize,
+            frame.data.len(),
+        )) as u64;
+        if chunk_bytes > entry_max {
+            return Err(Error::BatchTooLargeForJournal { chunk_bytes, limit: entry_max });
+        }
+        let bytes = frame.data.len() as u64;
+        self.make_room(bytes);
+        let sequenced = {
+            let mut leader = slot.leader.borrow_mut();
+            if leader.is_deleted() {
+                return Err(slot.not_found());
+            }
+            let (held, budget) = (&self.held, self.config.memory_budget_bytes);
+            let journal = &self.journal;
+            let target = match leader.options().class {
+                StorageClass::Express => self.config.express_chunk_bytes,
+                StorageClass::Standard => leader.options().batch_max_bytes as usize,
+            }
+            .min(usize::try_from(entry_max).unwrap_or(usize::MAX));
+            leader.append(
+                &input,
+                self.now_ms(),
+                target,
+                &mut |bytes| {
+                    if held.get() + bytes > budget {
+                        return Err(Error::MemoryBudgetExhausted {
+                            budget_bytes: budget,
+                            retry_after_ms: 10,
+                        });
+                    }
+                    held.set(held.get() + bytes);
+                    Ok(())
+                },
+                &mut |capacity| journal.alloc_buffer(capacity),
+            )?
+        };
+        self.queue_flush(slot);
+        self.wait_durable(slot, sequenced.end.seq_num).await?;
+        let mut stats = self.stats.get();
+        stats.batches_acked += 1;
+        self.stats.set(stats);
+        Ok(AppendAck {
+            start: sequenced.start,
+            end: sequenced.end,
+            tail: slot.leader.borrow().tail(),
+        })
+    }
+
+    /// Frees cached chunks, oldest first, until `bytes` more fit the budget (or nothing
+    /// cached is left: the append then meets the budget check in its turn).
+    fn make_room(&self, bytes: u64) {
+        while self.held.get() + bytes > self.config.memory_budget_bytes {
+            let Some((id, first_seq_num)) = self.cache_order.borrow_mut().pop_front() else {
+                return;
+            };
+            let Some(slot) = self.streams.borrow().get(&id).cloned() else { continue };
+            if let Some(freed) = slot.leader.borrow_mut().evict(first_seq_num) {
+                self.release(freed);
+            }
+        }
+    }
+
+    fn release(&self, bytes: u64) {
+        self.held.set(self.held.get().checked_sub(bytes).expect("released bytes were held"));
+    }
+
+    /// Queues the stream for the flusher: express at the next group; standard when a
+    /// flush trigger fires (size now, or the delay timer).
+    fn queue_flush(self: &Rc<Self>, slot: &Rc<Slot>) {
+        let (class, size_due, delay_ms, id) = {
+            let leader = slot.leader.borrow();
+            (
+                leader.options().class,
+                leader.flush_due_by_size(),
+                leader.options().batch_max_delay_ms,
+                leader.id(),
+            )
+        };
+        match class {
+            StorageClass::Express => slot.due.set(true),
+            StorageClass::Standard if size_due => slot.due.set(true),
+            StorageClass::Standard if !slot.timer_armed.get() => {
+                slot.timer_armed.set(true);
+                // Weak: a timer never keeps a stopped shard alive.
+                let (shard, timer_slot) = (Rc::downgrade(self), Rc::downgrade(slot));
+                glommio::spawn_local(async move {
+                    glommio::timer::sleep(Duration::from_millis(u64::from(delay_ms))).await;
+                    if let (Some(shard), Some(slot)) = (shard.upgrade(), timer_slot.upgrade()) {
+                        slot.timer_armed.set(false);
+                        slot.due.set(true);
+                        shard.work.notify();
+                    }
+                })
+                .detach();
+            }
+            StorageClass::Standard => {}
+        }
+        if !slot.queued.replace(true) {
+            self.queue.borrow_mut().push_back(id);
+        }
+        self.work.notify();
+    }
+
+    async fn wait_durable(&self, slot: &Slot, end_seq_num: u64) -> Result<()> {
+        loop {
+            let seen = slot.changed.generation();
+            self.check_failed()?;
+            if slot.leader.borrow().tail().seq_num >= end_seq_num {
+                return Ok(());
+            }
+            slot.changed.changed(seen).await;
+        }
+    }
+
+    /// The group-commit loop. Runs until the shard stops.
+    pub(crate) async fn flusher(self: Rc<Self>) {
+        loop {
+            let seen = self.work.generation();
+            let group = self.take_group();
+            if group.is_empty() {
+                if self.stopping.get() {
+                    return;
+                }
+                self.work.changed(seen).await;
+                continue;
+            }
+            let ids: Vec<StreamId> = group.iter().map(|(id, _)| *id).collect();
+            let chunks: Vec<SealedChunk<JournalBuffer>> =
+                group.into_iter().map(|(_, c)| c).collect();
+            let count = chunks.len() as u64;
+            match self.journal.append(chunks).await {
+                Ok(durable) => {
+                    let mut stats = self.stats.get();
+                    stats.groups += 1;
+                    stats.chunks += count;
+                    self.stats.set(stats);
+                    for (id, (chunk, location)) in ids.into_iter().zip(durable) {
+                        self.on_durable(id, chunk, location);
+                    }
+                }
+                Err(error) => {
+                    // Nothing of this group may be acknowledged, and its sequence numbers
+                    // are taken: stop acknowledging on this shard until a restart, whose
+                    // recovery decides from what is really on disk.
+                    *self.failed.borrow_mut() = Some(error.to_string());
+                    for slot in self.streams.borrow().values() {
+                        slot.changed.notify();
+                    }
+                    return;
+                }
+            }
+        }
+    }
+
+    /// Every stream's sealed chunks that should go in this group, in stream order and
+    /// within a stream in sequence order.
+    fn take_group(&self) -> Vec<(StreamId, SealedChunk<JournalBuffer>)> {
+        let mut group = Vec::new();
+        let mut waiting = VecDeque::new();
+        let queued: Vec<StreamId> = self.queue.borrow_mut().drain(..).collect();
+        for id in queued {
+            let Some(slot) = self.streams.borrow().get(&id).cloned() else { continue };
+            if !slot.due.get() {
+                waiting.push_back(id);
+                continue;
+            }
+            slot.due.set(false);
+            slot.queued.set(false);
+            group.extend(slot.leader.borrow_mut().take_sealed().into_iter().map(|c| (id, c)));
+        }
+        self.queue.borrow_mut().extend(waiting);
+        group
+    }
+
+    fn on_durable(&self, id: StreamId, chunk: Rc<SealedChunk<JournalBuffer>>, location: Location) {
+        let Some(slot) = self.streams.borrow().get(&id).cloned() else {
+            unreachable!("a stream with chunks in flight keeps its slot until they are durable")
+        };
+        let header = *chunk.header();
+        let source: Rc<dyn ChunkSource> = chunk;
+        slot.leader.borrow_mut().on_durable(DurableChunk::new(&header, location, Some(source)));
+        self.cache_order.borrow_mut().push_back((id, header.first_seq_num));
+        slot.changed.notify();
+    }
+
+    async fn read(self: &Rc<Self>, slot: &Rc<Slot>, request: ReadRequest) -> Result<ReadReply> {
+        let deadline = request.wait.map(|wait| Instant::now() + wait);
+        loop {
+            let seen = slot.changed.generation();
+            if slot.leader.borrow().is_deleted() {
+                return Err(slot.not_found());
+            }
+            let from = self.locate(slot, request.start, request.clamp).await?;
+            let reply = self.page(slot, from, request.limits).await?;
+            let waited_out = deadline.is_none_or(|d| Instant::now() >= d);
+            if reply.record_count > 0 || waited_out {
+                return Ok(reply);
+            }
+            let left =
+                deadline.map_or(Duration::ZERO, |d| d.saturating_duration_since(Instant::now()));
+            futures_lite::future::or(slot.changed.changed(seen), glommio::timer::sleep(left)).await;
+        }
+    }
+
+    async fn locate(&self, slot: &Slot, start: ReadStart, clamp: bool) -> Result<u64> {
+        loop {
+            let step = slot.leader.borrow().locate(start, clamp)?;
+            match step {
+                Step::Ready(seq) => return Ok(seq),
+                Step::Load { first_seq_num, location } => {
+                    self.load(slot, first_seq_num, location).await?
+                }
+            }
+        }
+    }
+
+    async fn page(&self, slot: &Slot, from: u64, limits: PageLimits) -> Result<ReadReply> {
+        loop {
+            let step = slot.leader.borrow().page(from, limits);
+            match step {
+                Step::Ready(page) => {
+                    let mut frames = Vec::new();
+                    for part in &page.parts {
+                        framing::encode_records(&part.records(), &mut frames);
+                    }
+                    return Ok(ReadReply {
+                        frames,
+                        record_count: page.record_count(),
+                        content_bytes: page.content_bytes,
+                        next_seq_num: page.next_seq_num,
+                        tail: page.tail,
+                        reached_until: page.reached_until,
+                    });
+                }
+                Step::Load { first_seq_num, location } => {
+                    self.load(slot, first_seq_num, location).await?
+                }
+            }
+        }
+    }
+
+    /// Reads a chunk back from the journal into the stream's cache.
+    async fn load(&self, slot: &Slot, first_seq_num: u64, location: Location) -> Result<()> {
+        let chunk: Rc<dyn ChunkSource> = Rc::new(self.journal.read(&location).await?);
+        let id = slot.leader.borrow().id();
+        let cached = slot.leader.borrow_mut().install_loaded(first_seq_num, chunk);
+        if cached > 0 {
+            self.make_room(cached);
+            self.held.set(self.held.get() + cached);
+            self.cache_order.borrow_mut().push_back((id, first_seq_num));
+        }
+        Ok(())
+    }
+
+    /// Waits until every batch sequenced so far is durable.
+    async fn settle(&self, slot: &Slot) -> Result<()> {
+        let end = slot.leader.borrow().next_seq_num();
+        self.wait_durable(slot, end).await
+    }
+
+    async fn fence(
+        self: &Rc<Self>,
+        slot: &Rc<Slot>,
+        token: String,
+        expected: Option<String>,
+    ) -> Result<Tail> {
+        slot.leader.borrow().check_fence(expected.as_deref())?;
+        let id = slot.leader.borrow().id();
+        // Durable first: a fence that returned must survive a crash.
+        let record = self.control.set_fencing_token(id, expected.as_deref(), &token).await?;
+        slot.leader.borrow_mut().set_fencing_token(record.fencing_token);
+        // Batches sequenced before the fence are committed before it returns.
+        self.settle(slot).await?;
+        Ok(slot.leader.borrow().tail())
+    }
+
+    async fn trim(&self, slot: &Slot, to: TrimTo) -> Result<Reply> {
+        let seq = match to {
+            TrimTo::SeqNum(seq) => seq,
+            TrimTo::Timestamp(time) => self.locate(slot, ReadStart::Timestamp(time), true).await?,
+        };
+        let (id, target, current) = {
+            let leader = slot.leader.borrow();
+            (leader.id(), leader.trim_target(seq), leader.trim_seq_num())
+        };
+        if target > current {
+            let record = self.control.set_trim_seq_num(id, target).await?;
+            let freed = slot.leader.borrow_mut().set_trim(record.trim_seq_num);
+            self.release(freed);
+        }
+        Ok(Reply::Trimmed { trim_seq_num: slot.leader.borrow().trim_seq_num() })
+    }
+
+    /// DeleteStream: fence the stream (every new append and read is refused), drain the
+    /// batches in flight, then tombstone it in metadata.
+    async fn delete(&self, slot: &Rc<Slot>, record: &StreamRecord) -> Result<Reply> {
+        slot.leader.borrow_mut().mark_deleted();
+        let deleted = match self.settle(slot).await {
+            Ok(()) => {
+                self.control.delete_stream(&record.bucket, &record.key, Some(record.id)).await
+            }
+            Err(error) => Err(error),
+        };
+        if let Err(error) = deleted {
+            slot.leader.borrow_mut().unmark_deleted();
+            return Err(error);
+        }
+        self.streams.borrow_mut().remove(&record.id);
+        self.release(slot.leader.borrow().cached_bytes());
+        slot.changed.notify();
+        Ok(Reply::Deleted)
+    }
+}

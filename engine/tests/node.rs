@@ -1,0 +1,442 @@
+//! The engine through a running node: real shard executors, a real journal on disk, the
+//! real metadata store. Every verb, restart recovery, waiting reads, pipelining, the
+//! memory budget, and a soak of the cross-thread bridge.
+
+mod common;
+
+use std::thread;
+use std::time::{Duration, Instant};
+
+use common::*;
+use engine::Code;
+use engine::framing::AppendConditions;
+use engine::options::{StorageClass, StreamOptionsPatch};
+use engine::position::Tail;
+use engine::shard::{ReadRequest, TrimTo};
+use engine::stream::{PageLimits, ReadStart};
+
+#[test]
+fn express_and_standard_appends_are_acknowledged_durable_and_readable() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let node = start(config(dir.path(), 1));
+    let client = node.client();
+    for (name, class) in [("fast", StorageClass::Express), ("slow", StorageClass::Standard)] {
+        let bucket = make_bucket(&client, name, class, true);
+        let key = key("orders/eu");
+        let first = block_on(client.append(&bucket, &key, plain(&["a", "b"]))).expect("append");
+        assert_eq!((first.start.seq_num, first.end.seq_num), (0, 2));
+        assert_eq!(first.tail.seq_num, 2, "the ack carries the tail including the batch");
+        let second = block_on(client.append(&bucket, &key, plain(&["c"]))).expect("append");
+        assert_eq!((second.start.seq_num, second.end.seq_num), (2, 3));
+        assert!(second.start.timestamp >= first.start.timestamp);
+        let all = read_all(&client, &bucket, &key);
+        let bodies: Vec<&[u8]> = all.iter().map(|r| r.2.as_slice()).collect();
+        assert_eq!(bodies, [b"a", b"b", b"c"], "{name}");
+        assert_eq!(block_on(client.check_tail(&bucket, &key)).expect("tail").seq_num, 3);
+    }
+    drop(client);
+    node.stop();
+}
+
+#[test]
+fn everything_acknowledged_survives_a_restart_and_numbering_continues() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let cfg = config(dir.path(), 1);
+    let node = start(cfg.clone());
+    let client = node.client();
+    let bucket = make_bucket(&client, "keep", express(), true);
+    let key = key("k");
+    let mut acked = Vec::new();
+    for i in 0..50 {
+        let ack =
+            block_on(client.append(&bucket, &key, plain(&[&format!("r{i}")]))).expect("append");
+        acked.push(ack);
+    }
+    block_on(client.fence(&bucket, &key, "writer-2".into(), None)).expect("fence");
+    let before = read_all(&client, &bucket, &key);
+    let tail = block_on(client.check_tail(&bucket, &key)).expect("tail");
+    drop(client);
+    node.stop();
+
+    let node = start(cfg);
+    let client = node.client();
+    assert_eq!(read_all(&client, &bucket, &key), before, "every acknowledged record, in order");
+    assert_eq!(block_on(client.check_tail(&bucket, &key)).expect("tail"), tail);
+    // The fencing token survived: an old-token append is refused, the current one lands.
+    let stale = AppendConditions { fencing_token: Some("writer-1"), ..Default::default() };
+    let err =
+        block_on(client.append(&bucket, &key, batch(&[b"x".to_vec()], stale))).expect_err("fenced");
+    assert_eq!(err.fencing_token(), Some("writer-2"));
+    let current = AppendConditions { fencing_token: Some("writer-2"), ..Default::default() };
+    let next =
+        block_on(client.append(&bucket, &key, batch(&[b"x".to_vec()], current))).expect("append");
+    assert_eq!(next.start.seq_num, 50);
+    assert!(next.start.timestamp >= tail.timestamp, "timestamps continue, never decrease");
+    drop(client);
+    node.stop();
+}
+
+#[test]
+fn pipelined_batches_take_contiguous_ranges_in_ack_order() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let node = start(config(dir.path(), 1));
+    let client = node.client();
+    let bucket = make_bucket(&client, "pipe", express(), true);
+    let key = key("k");
+    let producers: Vec<_> = (0..8)
+        .map(|p| {
+            let (client, bucket, key) = (client.clone(), bucket.clone(), key.clone());
+            thread::spawn(move || {
+                // Each producer pipelines: several appends in flight at once.
+                let futures: Vec<_> = (0..25)
+                    .map(|b| {
+                        let bodies: Vec<Vec<u8>> =
+                            (0..4).map(|r| format!("{p}:{b}:{r}").into_bytes()).collect();
+                        client.append(&bucket, &key, batch(&bodies, AppendConditions::default()))
+                    })
+                    .collect();
+                futures.into_iter().map(|f| block_on(f).expect("append")).collect::<Vec<_>>()
+            })
+        })
+        .collect();
+    let mut ranges: Vec<(u64, u64)> = producers
+        .into_iter()
+        .flat_map(|p| p.join().expect("producer"))
+        .map(|ack| (ack.start.seq_num, ack.end.seq_num))
+        .collect();
+    ranges.sort_unstable();
+    let mut next = 0;
+    for (start, end) in &ranges {
+        assert_eq!(*start, next, "batches never overlap or leave gaps");
+        assert_eq!(end - start, 4);
+        next = *end;
+    }
+    // Each batch's records are contiguous, never interleaved with another's.
+    let all = read_all(&client, &bucket, &key);
+    assert_eq!(all.len(), 800);
+    for chunk in all.chunks(4) {
+        let prefix =
+            |body: &[u8]| String::from_utf8_lossy(body).rsplit_once(':').map(|(p, _)| p.to_owned());
+        assert!(chunk.iter().all(|r| prefix(&r.2) == prefix(&chunk[0].2)), "{chunk:?}");
+    }
+    let stats = block_on(client.stats()).expect("stats");
+    assert_eq!(stats[0].batches_acked, 200);
+    assert!(stats[0].groups <= stats[0].batches_acked);
+    drop(client);
+    node.stop();
+}
+
+#[test]
+fn a_waiting_read_returns_when_records_arrive_or_when_the_wait_ends() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let node = start(config(dir.path(), 1));
+    let client = node.client();
+    let bucket = make_bucket(&client, "wait", express(), true);
+    let key = key("k");
+    block_on(client.append(&bucket, &key, plain(&["first"]))).expect("append");
+    let reader = {
+        let (client, bucket, key) = (client.clone(), bucket.clone(), key.clone());
+        thread::spawn(move || {
+            let request = ReadRequest {
+                start: ReadStart::SeqNum(1),
+                clamp: false,
+                limits: ALL,
+                wait: Some(Duration::from_secs(30)),
+            };
+            block_on(client.read(&bucket, &key, request)).expect("read")
+        })
+    };
+    // The reader is parked at the tail; an append wakes it (no polling, no lost wake-up).
+    block_on(client.append(&bucket, &key, plain(&["second"]))).expect("append");
+    let page = reader.join().expect("reader");
+    assert_eq!(
+        records(&page.frames).iter().map(|r| r.2.clone()).collect::<Vec<_>>(),
+        [b"second".to_vec()]
+    );
+    // Nothing arrives: the wait ends with an empty page and the tail.
+    let started = Instant::now();
+    let request = ReadRequest {
+        start: ReadStart::SeqNum(2),
+        clamp: false,
+        limits: ALL,
+        wait: Some(Duration::from_millis(200)),
+    };
+    let empty = block_on(client.read(&bucket, &key, request)).expect("read");
+    assert_eq!((empty.record_count, empty.tail.seq_num), (0, 2));
+    assert!(started.elapsed() >= Duration::from_millis(200));
+    drop(client);
+    node.stop();
+}
+
+#[test]
+fn conditions_fence_trim_and_errors() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let node = start(config(dir.path(), 1));
+    let client = node.client();
+    let bucket = make_bucket(&client, "rules", express(), true);
+    let key = key("k");
+    let matched = AppendConditions { match_seq_num: Some(0), ..Default::default() };
+    block_on(client.append(&bucket, &key, batch(&[b"a".to_vec(), b"b".to_vec()], matched)))
+        .expect("match 0");
+    let err = block_on(client.append(&bucket, &key, batch(&[b"c".to_vec()], matched)))
+        .expect_err("match 0 again");
+    assert_eq!((err.code(), err.next_seq_num()), (Code::FailedPrecondition, Some(2)));
+    assert_eq!(block_on(client.check_tail(&bucket, &key)).expect("tail").seq_num, 2, "no trace");
+
+    // Fence with an expected token that is wrong, then right.
+    let err =
+        block_on(client.fence(&bucket, &key, "t1".into(), Some("nope".into()))).expect_err("wrong");
+    assert_eq!(err.code(), Code::FailedPrecondition);
+    let tail =
+        block_on(client.fence(&bucket, &key, "t1".into(), Some(String::new()))).expect("fence");
+    assert_eq!(tail.seq_num, 2);
+    let old = AppendConditions { fencing_token: Some(""), ..Default::default() };
+    assert!(block_on(client.append(&bucket, &key, batch(&[b"c".to_vec()], old))).is_err());
+
+    // Past the tail, clamp, tail_offset.
+    let err =
+        block_on(client.read(&bucket, &key, read_request(ReadStart::SeqNum(3)))).expect_err("past");
+    assert_eq!(err.tail(), Some(block_on(client.check_tail(&bucket, &key)).expect("tail")));
+    let clamped = ReadRequest { clamp: true, ..read_request(ReadStart::SeqNum(3)) };
+    assert_eq!(block_on(client.read(&bucket, &key, clamped)).expect("clamped").record_count, 0);
+    let last =
+        block_on(client.read(&bucket, &key, read_request(ReadStart::TailOffset(1)))).expect("read");
+    assert_eq!(records(&last.frames)[0].2, b"b");
+
+    // Trim past the tail is clamped to it; reads below the watermark start above it.
+    assert_eq!(block_on(client.trim(&bucket, &key, TrimTo::SeqNum(1))).expect("trim"), 1);
+    assert_eq!(
+        block_on(client.trim(&bucket, &key, TrimTo::SeqNum(0))).expect("trim"),
+        1,
+        "never backward"
+    );
+    let page =
+        block_on(client.read(&bucket, &key, read_request(ReadStart::SeqNum(0)))).expect("read");
+    assert_eq!(records(&page.frames).iter().map(|r| r.0).collect::<Vec<_>>(), [1]);
+    assert_eq!(block_on(client.trim(&bucket, &key, TrimTo::SeqNum(99))).expect("trim"), 2);
+    let (record, _) = block_on(client.get_stream(&bucket, &key)).expect("get");
+    assert_eq!(record.trim_seq_num, 2);
+
+    // Observing verbs never create; a missing bucket is not found.
+    let missing = engine::names::StreamKey::parse("missing").expect("key");
+    assert_eq!(
+        block_on(client.check_tail(&bucket, &missing)).map_err(|e| e.code()),
+        Err(Code::NotFound)
+    );
+    let nobucket = bucket_named("nowhere");
+    assert_eq!(
+        block_on(client.append(&nobucket, &key, plain(&["x"]))).map_err(|e| e.code()),
+        Err(Code::NotFound)
+    );
+    drop(client);
+    node.stop();
+}
+
+fn bucket_named(name: &str) -> engine::names::BucketName {
+    common::bucket(name)
+}
+
+#[test]
+fn reconfigure_applies_at_once_and_delete_ends_the_stream() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let node = start(config(dir.path(), 1));
+    let client = node.client();
+    let bucket = make_bucket(&client, "life", express(), true);
+    let key = key("k");
+    block_on(client.append(&bucket, &key, plain(&["a"]))).expect("append");
+    let patch =
+        StreamOptionsPatch { throughput_max_bytes_per_second: Some(1), ..Default::default() };
+    block_on(client.reconfigure(&bucket, &key, patch)).expect("reconfigure");
+    block_on(client.append(&bucket, &key, plain(&["bb"]))).expect("a full bucket passes one batch");
+    let err = block_on(client.append(&bucket, &key, plain(&["cc"]))).expect_err("over the cap");
+    assert_eq!(err.code(), Code::ResourceExhausted);
+    assert!(err.retry_after_ms().is_some());
+
+    let old_id = block_on(client.get_stream(&bucket, &key)).expect("get").0.id;
+    block_on(client.delete_stream(&bucket, &key)).expect("delete");
+    block_on(client.delete_stream(&bucket, &key)).expect("deleting a deleted stream succeeds");
+    let never = common::key("never");
+    assert_eq!(
+        block_on(client.delete_stream(&bucket, &never)).map_err(|e| e.code()),
+        Err(Code::NotFound)
+    );
+    assert_eq!(
+        block_on(client.check_tail(&bucket, &key)).map_err(|e| e.code()),
+        Err(Code::NotFound)
+    );
+    // Autocreate makes a new stream: fresh ID, empty history.
+    let ack = block_on(client.append(&bucket, &key, plain(&["new"]))).expect("append");
+    assert_eq!(ack.start.seq_num, 0);
+    let (record, tail) = block_on(client.get_stream(&bucket, &key)).expect("get");
+    assert_ne!(record.id, old_id);
+    assert_eq!(tail, Tail { seq_num: 1, timestamp: ack.end.timestamp });
+    assert_eq!(read_all(&client, &bucket, &key).len(), 1);
+    drop(client);
+    node.stop();
+}
+
+#[test]
+fn a_delete_wakes_a_waiting_reader_with_not_found() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let node = start(config(dir.path(), 1));
+    let client = node.client();
+    let bucket = make_bucket(&client, "gone", express(), true);
+    let key = key("k");
+    block_on(client.append(&bucket, &key, plain(&["a"]))).expect("append");
+    let reader = {
+        let (client, bucket, key) = (client.clone(), bucket.clone(), key.clone());
+        thread::spawn(move || {
+            let request = ReadRequest {
+                wait: Some(Duration::from_secs(30)),
+                ..read_request(ReadStart::SeqNum(1))
+            };
+            block_on(client.read(&bucket, &key, request))
+        })
+    };
+    // Once the reader is parked (the shard has it), delete.
+    block_on(client.delete_stream(&bucket, &key)).expect("delete");
+    let result = reader.join().expect("reader");
+    // The reader either was parked and woke with not_found, or arrived after the
+    // delete and was refused with not_found: never records, never a hang.
+    assert_eq!(result.map_err(|e| e.code()), Err(Code::NotFound));
+    drop(client);
+    node.stop();
+}
+
+#[test]
+fn evicted_history_is_read_back_from_the_journal() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let mut cfg = config(dir.path(), 1);
+    cfg.shard.memory_budget_bytes = 64 << 10; // far less than the history below
+    let node = start(cfg);
+    let client = node.client();
+    let bucket = make_bucket(&client, "small", express(), true);
+    let key = key("k");
+    let body = vec![b'x'; 4000];
+    for _ in 0..100 {
+        block_on(client.append(
+            &bucket,
+            &key,
+            batch(std::slice::from_ref(&body), AppendConditions::default()),
+        ))
+        .expect("append");
+    }
+    let all = read_all(&client, &bucket, &key);
+    assert_eq!(all.len(), 100);
+    assert!(all.iter().all(|r| r.2 == body));
+    // A batch larger than the whole budget is refused, never buffered without bound.
+    let huge = vec![b'y'; 100 << 10];
+    let err = block_on(client.append(&bucket, &key, batch(&[huge], AppendConditions::default())));
+    assert_eq!(err.map_err(|e| e.code()), Err(Code::ResourceExhausted));
+    assert_eq!(block_on(client.check_tail(&bucket, &key)).expect("tail").seq_num, 100);
+    drop(client);
+    node.stop();
+}
+
+#[test]
+fn a_batch_larger_than_a_journal_entry_is_refused_before_it_takes_numbers() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let mut cfg = config(dir.path(), 1);
+    cfg.journal.segment_bytes = 1 << 20;
+    let node = start(cfg);
+    let client = node.client();
+    let bucket = make_bucket(&client, "entry", express(), true);
+    let key = key("k");
+    block_on(client.append(&bucket, &key, plain(&["a"]))).expect("append");
+    let big: Vec<Vec<u8>> = (0..2).map(|_| vec![b'z'; 600 << 10]).collect();
+    let err = block_on(client.append(&bucket, &key, batch(&big, AppendConditions::default())))
+        .expect_err("too big");
+    assert_eq!(err.code(), Code::InvalidArgument);
+    assert!(err.to_string().contains("--journal-segment-bytes"), "{err}");
+    let ack = block_on(client.append(&bucket, &key, plain(&["b"]))).expect("append");
+    assert_eq!(ack.start.seq_num, 1, "the refused batch left no trace");
+    drop(client);
+    node.stop();
+}
+
+#[test]
+fn timestamps_and_bounds_through_the_node() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let node = start(config(dir.path(), 1));
+    let client = node.client();
+    let bucket = make_bucket(&client, "time", express(), true);
+    let key = key("k");
+    for t in [100i64, 200, 300] {
+        let stamped = AppendConditions { timestamp: Some(t), ..Default::default() };
+        let ack =
+            block_on(client.append(&bucket, &key, batch(&[b"r".to_vec(), b"s".to_vec()], stamped)))
+                .expect("ok");
+        assert_eq!(ack.start.timestamp, t as u64);
+    }
+    let from_time = block_on(client.read(&bucket, &key, read_request(ReadStart::Timestamp(150))))
+        .expect("read");
+    assert_eq!(records(&from_time.frames)[0].0, 2);
+    let bounded = ReadRequest {
+        limits: PageLimits { records: 3, bytes: u64::MAX, until: Some(300) },
+        ..read_request(ReadStart::SeqNum(0))
+    };
+    let page = block_on(client.read(&bucket, &key, bounded)).expect("read");
+    assert_eq!((page.record_count, page.next_seq_num), (3, 3));
+    let until = ReadRequest {
+        limits: PageLimits { records: 100, bytes: u64::MAX, until: Some(300) },
+        ..read_request(ReadStart::SeqNum(0))
+    };
+    let page = block_on(client.read(&bucket, &key, until)).expect("read");
+    assert_eq!((page.record_count, page.reached_until), (4, true));
+    drop(client);
+    node.stop();
+}
+
+/// The foreign-wake hazard of platform.md: replies cross threads (client thread to
+/// shard and back) tens of thousands of times; a stalled round trip fails the test.
+#[test]
+fn cross_thread_round_trips_never_stall() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let node = start(config(dir.path(), 2));
+    let client = node.client();
+    let bucket = make_bucket(&client, "soak", express(), true);
+    let keys: Vec<_> = (0..8).map(|i| key(&format!("k{i}"))).collect();
+    for key in &keys {
+        block_on(client.append(&bucket, key, plain(&["seed"]))).expect("append");
+    }
+    let owners: std::collections::HashSet<usize> = keys
+        .iter()
+        .map(|k| client.owner(block_on(client.get_stream(&bucket, k)).expect("get").0.id))
+        .collect();
+    assert_eq!(owners.len(), 2, "eight streams land on both shards");
+    let (progress, ticks) = flume::bounded::<()>(1024);
+    let workers: Vec<_> = (0..4)
+        .map(|w| {
+            let (client, bucket, keys, progress) =
+                (client.clone(), bucket.clone(), keys.clone(), progress.clone());
+            thread::spawn(move || {
+                for i in 0..5_000u64 {
+                    let key = &keys[((w + i) % 8) as usize];
+                    block_on(client.check_tail(&bucket, key)).expect("tail");
+                    progress.send(()).expect("watcher alive");
+                }
+            })
+        })
+        .collect();
+    drop(progress);
+    let mut done = 0u64;
+    // A watchdog, not a timing: any round trip that stalls stops the ticks.
+    while done < 20_000 {
+        ticks.recv_timeout(Duration::from_secs(10)).expect("a round trip stalled for 10 s");
+        done += 1;
+    }
+    for worker in workers {
+        worker.join().expect("worker");
+    }
+    drop(client);
+    node.stop();
+}
+
+#[test]
+fn a_data_directory_keeps_its_shard_count() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    start(config(dir.path(), 1)).stop();
+    let err = engine::node::Node::start(config(dir.path(), 2)).err().expect("refused");
+    assert_eq!(err.code(), Code::InvalidArgument);
+    assert!(err.to_string().contains("shards"), "{err}");
+}
