@@ -132,7 +132,7 @@ fn measure(budget: Budget, workload: &Workload) -> Vec<Row> {
         None => ChunkBuilder::new(StreamId([7; 16]), first, chunk_capacity),
     };
     let build = throughput(budget, batch_content, || {
-        pool.extend(sealed.drain(..).map(SealedChunk::into_buf));
+        pool.extend(sealed.drain(..).map(SealedChunk::into_storage));
         let mut builder = take(&mut pool, 0);
         for (i, frame) in frames.iter().enumerate() {
             if !builder.fits(frame.record_count(), frame.data.len()) {

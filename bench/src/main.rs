@@ -7,14 +7,19 @@
 //! `--quick` shrinks every workload to a smoke run (what CI does).
 
 mod codec;
+mod engine;
 mod harness;
 
 use std::process::ExitCode;
 
-const USAGE: &str = "usage: bench <codec|all> [--quick]
+const USAGE: &str = "usage: bench <codec|engine|all> [--quick]
 
   codec   stored-record encode and validate-decode, chunk build and chunk parse (CRCs),
           each in GB/s and as a ratio to memcpy of the same bytes in the same run
+  engine  express appends through a node in this process: appends/s, MB/s, ack latency
+          percentiles and batches per fdatasync, next to raw O_DIRECT write + fdatasync
+          of the same disk in the same run (run from the workspace: it writes under
+          target/bench-engine)
   all     every suite above
   --quick small workloads, one pass: a smoke run, not a measurement";
 
@@ -23,15 +28,20 @@ fn main() -> ExitCode {
     let quick = args.iter().any(|a| a == "--quick");
     let suites: Vec<&str> =
         args.iter().map(String::as_str).filter(|a| !a.starts_with("--")).collect();
-    let run_codec = match suites.as_slice() {
-        ["codec"] | ["all"] => true,
+    let (codec, engine) = match suites.as_slice() {
+        ["codec"] => (true, false),
+        ["engine"] => (false, true),
+        ["all"] => (true, true),
         _ => {
             eprintln!("{USAGE}");
             return ExitCode::from(2);
         }
     };
-    if run_codec {
+    if codec {
         codec::run(quick);
+    }
+    if engine {
+        engine::run(quick);
     }
     ExitCode::SUCCESS
 }
