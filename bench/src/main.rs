@@ -9,6 +9,7 @@
 mod codec;
 mod engine;
 mod harness;
+mod journal;
 
 use std::process::ExitCode;
 
@@ -16,6 +17,8 @@ const USAGE: &str = "usage: bench <codec|engine|all> [--quick]
 
   codec   stored-record encode and validate-decode, chunk build and chunk parse (CRCs),
           each in GB/s and as a ratio to memcpy of the same bytes in the same run
+  journal the express journal alone: 16 x 1 MiB chunks per group into fresh and into
+          recycled segments, next to raw 1 MiB O_DIRECT writes, 16 per fdatasync
   engine  express appends through a node in this process: appends/s, MB/s, ack latency
           percentiles and batches per fdatasync, next to raw O_DIRECT write + fdatasync
           of the same disk in the same run (run from the workspace: it writes under
@@ -28,10 +31,11 @@ fn main() -> ExitCode {
     let quick = args.iter().any(|a| a == "--quick");
     let suites: Vec<&str> =
         args.iter().map(String::as_str).filter(|a| !a.starts_with("--")).collect();
-    let (codec, engine) = match suites.as_slice() {
-        ["codec"] => (true, false),
-        ["engine"] => (false, true),
-        ["all"] => (true, true),
+    let (codec, journal, engine) = match suites.as_slice() {
+        ["codec"] => (true, false, false),
+        ["journal"] => (false, true, false),
+        ["engine"] => (false, false, true),
+        ["all"] => (true, true, true),
         _ => {
             eprintln!("{USAGE}");
             return ExitCode::from(2);
@@ -39,6 +43,9 @@ fn main() -> ExitCode {
     };
     if codec {
         codec::run(quick);
+    }
+    if journal {
+        journal::run(quick);
     }
     if engine {
         engine::run(quick);
