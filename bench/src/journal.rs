@@ -73,7 +73,7 @@ pub fn run(quick: bool) {
                     .await
                     .expect("create"),
             );
-            let raw_bytes = groups * CHUNKS_PER_GROUP << 20;
+            let raw_bytes = (groups * CHUNKS_PER_GROUP) << 20;
             file.pre_allocate(raw_bytes, false).await.expect("preallocate");
             let buffers: Vec<_> = (0..CHUNKS_PER_GROUP)
                 .map(|_| {
