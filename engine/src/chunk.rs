@@ -36,6 +36,7 @@
 
 use crate::aligned::AlignedBuf;
 use crate::ids::StreamId;
+use crate::le::{u16_at, u32_at, u64_at};
 use crate::limits::SEQ_NUM_MAX;
 use crate::record;
 
@@ -103,16 +104,6 @@ pub enum Corruption {
     SeqNumOverflow { first_seq_num: u64, count: u32 },
     #[error("record {index}: {source}")]
     Record { index: u32, source: record::Corruption },
-}
-
-#[inline]
-fn u32_at(bytes: &[u8], at: usize) -> u32 {
-    u32::from_le_bytes(bytes[at..at + 4].try_into().expect("4-byte slice"))
-}
-
-#[inline]
-fn u64_at(bytes: &[u8], at: usize) -> u64 {
-    u64::from_le_bytes(bytes[at..at + 8].try_into().expect("8-byte slice"))
 }
 
 /// Consecutive records with their directory: end offsets and timestamps as the chunk
@@ -346,7 +337,7 @@ impl ChunkHeader {
         if found != MAGIC {
             return Err(Corruption::BadMagic { found });
         }
-        let version = u16::from_le_bytes([header[VERSION_AT], header[VERSION_AT + 1]]);
+        let version = u16_at(header, VERSION_AT);
         if version != FORMAT_VERSION {
             return Err(Corruption::UnknownVersion { version });
         }

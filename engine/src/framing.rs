@@ -39,6 +39,7 @@
 //! All integers little-endian.
 
 use crate::chunk::{self, Records};
+use crate::le::{u32_at, u64_at};
 use crate::position::Tail;
 use crate::record;
 
@@ -101,16 +102,6 @@ pub enum FramingError {
     Records(#[from] chunk::Corruption),
     #[error("error frame is not valid UTF-8")]
     ErrorNotUtf8,
-}
-
-#[inline]
-fn u32_at(bytes: &[u8], at: usize) -> u32 {
-    u32::from_le_bytes(bytes[at..at + 4].try_into().expect("4-byte slice"))
-}
-
-#[inline]
-fn u64_at(bytes: &[u8], at: usize) -> u64 {
-    u64::from_le_bytes(bytes[at..at + 8].try_into().expect("8-byte slice"))
 }
 
 /// What an append may carry besides its records.

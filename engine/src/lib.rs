@@ -19,6 +19,7 @@ pub mod framing;
 mod golden;
 pub mod ids;
 pub mod journal;
+mod le;
 pub mod limits;
 pub mod meta;
 pub mod names;

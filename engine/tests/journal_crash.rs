@@ -14,16 +14,18 @@
 //!
 //! A failing seed replays with `NOVA_JOURNAL_CRASH_SEED=<seed>`.
 
-use std::io::{BufRead, BufReader, Write as _};
+mod common;
+
+use std::io::Write as _;
 use std::path::{Path, PathBuf};
-use std::process::{Command, Stdio};
-use std::thread;
-use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
+use std::time::{Duration, Instant};
 
 use engine::chunk::{ChunkBuilder, SealedChunk};
 use engine::ids::StreamId;
 use engine::journal::{self, Journal, JournalBuffer, JournalConfig, LogEnd, RecoveredEntry};
 use glommio::{LocalExecutorBuilder, Placement};
+
+use common::crash::{self, Rng};
 
 const TEST_NAME: &str = "kill9_keeps_every_acknowledged_group_whole";
 /// Set in the child: the journal directory. Its presence selects writer mode.
@@ -43,20 +45,7 @@ const RELEASE_EVERY_GROUPS: u64 = 16;
 /// The child stops after this many groups or this long; the parent kills it long before.
 const WRITER_GROUPS_MAX: u64 = 10_000_000;
 const WRITER_TIME_MAX: Duration = Duration::from_secs(60);
-const FIRST_ACK_WAIT_MAX: Duration = Duration::from_secs(30);
 const RUN_BEFORE_KILL_MS_MAX: u64 = 400;
-
-/// xorshift64*: enough randomness for sizes and kill timing, replayable from its seed.
-struct Rng(u64);
-
-impl Rng {
-    fn below(&mut self, bound: u64) -> u64 {
-        self.0 ^= self.0 >> 12;
-        self.0 ^= self.0 << 25;
-        self.0 ^= self.0 >> 27;
-        self.0.wrapping_mul(0x2545_f491_4f6c_dd1d) % bound
-    }
-}
 
 /// Record `seq`'s body length: mostly small, some large, so entries end on every kind of
 /// block boundary and some span many blocks. A function of `seq` alone, so the parent
@@ -113,7 +102,7 @@ fn write_until_killed(dir: &Path, seed: u64) {
             .entries
             .last()
             .map_or(0, |e| e.header.first_seq_num + u64::from(e.header.record_count));
-        let mut rng = Rng(seed | 1);
+        let mut rng = Rng::new(seed);
         let mut recent = std::collections::VecDeque::with_capacity(KEEP_ENTRIES + 1);
         let started = Instant::now();
         for group in 0..WRITER_GROUPS_MAX {
@@ -202,68 +191,30 @@ fn parse_line(line: &str) -> Option<Line> {
 /// Runs one child until a random moment after its first acknowledgement, SIGKILLs it,
 /// and returns every line it printed.
 fn run_and_kill(dir: &Path, round: u32, rng: &mut Rng) -> Vec<Line> {
-    let mut child = Command::new(std::env::current_exe().expect("the test binary's path"))
-        .args(["--exact", TEST_NAME, "--nocapture", "--test-threads", "1"])
-        .env(WRITER_DIR_ENV, dir)
-        .env(WRITER_SEED_ENV, rng.below(u64::MAX).to_string())
-        .stdout(Stdio::piped())
-        .stderr(Stdio::inherit())
-        .spawn()
-        .expect("start the writer child");
-    let stdout = child.stdout.take().expect("stdout is piped");
-    let (lines, received) = flume::bounded::<Line>(4096);
-    let reader = thread::spawn(move || {
-        // Ends at EOF, which the kill brings.
-        for line in BufReader::new(stdout).lines() {
-            let Ok(line) = line else { break };
-            match parse_line(&line) {
-                Some(parsed) => {
-                    if lines.send(parsed).is_err() {
-                        break;
-                    }
-                }
-                None => assert!(
-                    !["TRY", "ACK", "RELEASE"].iter().any(|kind| line.starts_with(kind)),
-                    "unparsable line {line:?}"
-                ),
-            }
-        }
-    });
-    let mut got = Vec::new();
-    let first_ack_by = Instant::now() + FIRST_ACK_WAIT_MAX;
-    // Bounded by time: the first acknowledgement comes within the wait, or the test fails.
-    loop {
-        let left = first_ack_by.checked_duration_since(Instant::now()).unwrap_or_default();
-        let line = received.recv_timeout(left).expect("the child acknowledges something");
-        let is_ack = matches!(line, Line::Ack(_));
-        got.push(line);
-        if is_ack {
-            break;
-        }
-    }
     let run_for = Duration::from_millis(rng.below(RUN_BEFORE_KILL_MS_MAX) + 1);
-    let kill_at = Instant::now() + run_for;
-    // Bounded by time: receiving stops at the kill moment.
-    while let Some(left) = kill_at.checked_duration_since(Instant::now()) {
-        match received.recv_timeout(left) {
-            Ok(line) => got.push(line),
-            Err(flume::RecvTimeoutError::Timeout) => break,
-            Err(flume::RecvTimeoutError::Disconnected) => {
-                panic!("the child exited before the kill")
-            }
-        }
-    }
-    let pid = libc::pid_t::try_from(child.id()).expect("a pid fits pid_t");
-    // SAFETY: `pid` is our own child, not yet waited for, so it names that process.
-    let killed = unsafe { libc::kill(pid, libc::SIGKILL) };
-    assert_eq!(killed, 0, "kill: {}", std::io::Error::last_os_error());
-    let status = child.wait().expect("reap the child");
-    assert!(!status.success(), "the child was killed: {status:?}");
-    // Lines the child printed before it died count too.
-    got.extend(received.iter());
-    reader.join().expect("the reader thread panicked");
-    println!("round {round}: killed after {run_for:?} and {} lines", got.len());
-    got
+    let envs = [
+        (WRITER_DIR_ENV, dir.display().to_string()),
+        (WRITER_SEED_ENV, rng.below(u64::MAX).to_string()),
+    ];
+    let lines = crash::run_and_kill(
+        TEST_NAME,
+        &envs,
+        parse_checked,
+        |line| matches!(line, Line::Ack(_)),
+        run_for,
+    );
+    println!("round {round}: killed after {run_for:?} and {} lines", lines.len());
+    lines
+}
+
+/// A line of the child's, or `None` for other output; a malformed line of ours fails.
+fn parse_checked(line: &str) -> Option<Line> {
+    let parsed = parse_line(line);
+    assert!(
+        parsed.is_some() || !["TRY", "ACK", "RELEASE"].iter().any(|kind| line.starts_with(kind)),
+        "unparsable line {line:?}"
+    );
+    parsed
 }
 
 /// What the log must hold: every entry ever committed, in order, and how far releases
@@ -386,14 +337,7 @@ fn kill9_keeps_every_acknowledged_group_whole() {
         write_until_killed(Path::new(&dir), seed.expect("the parent sets the seed"));
         return;
     }
-    let seed =
-        std::env::var(SEED_ENV).ok().and_then(|seed| seed.parse().ok()).unwrap_or_else(|| {
-            SystemTime::now()
-                .duration_since(UNIX_EPOCH)
-                .map_or(1, |since| since.as_secs() << 30 ^ u64::from(since.subsec_nanos()))
-        });
-    println!("seed {seed} (replay with {SEED_ENV}={seed})");
-    let mut rng = Rng(seed | 1);
+    let mut rng = Rng::seeded(SEED_ENV);
     let temp = tempfile::tempdir().expect("a temporary directory");
     let dir: PathBuf = temp.path().join("journal");
     let mut model = Model::default();

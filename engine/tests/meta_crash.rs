@@ -9,18 +9,17 @@
 //!
 //! A failing seed replays with `NOVA_META_CRASH_SEED=<seed>`.
 
+mod common;
+
 use std::collections::BTreeMap;
-use std::future::Future;
-use std::io::{BufRead, BufReader, Write as _};
+use std::io::Write as _;
 use std::path::Path;
-use std::pin::pin;
-use std::process::{Command, Stdio};
-use std::sync::Arc;
-use std::task::{Context, Poll, Wake, Waker};
 use std::thread;
-use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
+use std::time::{Duration, Instant};
 
 use engine::meta::{MetaError, MetaStore, RedbMetaOptions, RedbMetaStore, Revision, Txn};
+
+use common::crash::{self, Rng, block_on};
 
 const TEST_NAME: &str = "kill9_keeps_every_acknowledged_mutation";
 /// Set in the child: the store directory to write to. Its presence selects writer mode.
@@ -33,46 +32,8 @@ const WRITER_THREADS: u32 = 4;
 /// the parent kills it long before.
 const WRITER_MUTATIONS_MAX: u64 = 1_000_000;
 const WRITER_TIME_MAX: Duration = Duration::from_secs(60);
-/// How long the parent waits for the child's first acknowledgement.
-const FIRST_ACK_WAIT_MAX: Duration = Duration::from_secs(30);
 /// Acknowledgements the parent reads after the first one, before the kill: random up to.
 const RUN_BEFORE_KILL_MS_MAX: u64 = 300;
-const STALL_LIMIT: Duration = Duration::from_secs(60);
-
-struct ThreadWaker(thread::Thread);
-
-impl Wake for ThreadWaker {
-    fn wake(self: Arc<Self>) {
-        self.0.unpark();
-    }
-}
-
-fn block_on<T>(future: impl Future<Output = T>) -> T {
-    let mut future = pin!(future);
-    let waker = Waker::from(Arc::new(ThreadWaker(thread::current())));
-    let mut cx = Context::from_waker(&waker);
-    let deadline = Instant::now() + STALL_LIMIT;
-    loop {
-        if let Poll::Ready(value) = future.as_mut().poll(&mut cx) {
-            return value;
-        }
-        let now = Instant::now();
-        assert!(now < deadline, "a metadata future stalled for {STALL_LIMIT:?}");
-        thread::park_timeout(deadline - now);
-    }
-}
-
-/// xorshift64*: enough randomness for kill timing, and replayable from its seed.
-struct Rng(u64);
-
-impl Rng {
-    fn below(&mut self, bound: u64) -> u64 {
-        self.0 ^= self.0 >> 12;
-        self.0 ^= self.0 << 25;
-        self.0 ^= self.0 >> 27;
-        self.0.wrapping_mul(0x2545_f491_4f6c_dd1d) % bound
-    }
-}
 
 /// What the child acknowledged, one line each on stdout (after the commit resolved):
 ///
@@ -193,56 +154,18 @@ fn write_until_killed(dir: &Path, round: u32) {
 /// Runs one child until a random moment after its first acknowledgement, SIGKILLs it,
 /// and returns every acknowledgement it printed.
 fn run_and_kill(dir: &Path, round: u32, rng: &mut Rng) -> Vec<Ack> {
-    let mut child = Command::new(std::env::current_exe().expect("the test binary's path"))
-        .args(["--exact", TEST_NAME, "--nocapture", "--test-threads", "1"])
-        .env(WRITER_DIR_ENV, dir)
-        .env(WRITER_ROUND_ENV, round.to_string())
-        .stdout(Stdio::piped())
-        .stderr(Stdio::inherit())
-        .spawn()
-        .expect("start the writer child");
-    let stdout = child.stdout.take().expect("stdout is piped");
-    let (lines, received) = flume::bounded::<Ack>(1024);
-    let reader = thread::spawn(move || {
-        // Ends at EOF, which the kill brings.
-        for line in BufReader::new(stdout).lines() {
-            let Ok(line) = line else { break };
-            if let Some(ack) = parse_ack(&line) {
-                if lines.send(ack).is_err() {
-                    break;
-                }
-            } else {
-                assert!(!line.starts_with("ACK"), "unparsable acknowledgement {line:?}");
-            }
-        }
-    });
-    let mut acks = Vec::new();
-    let first =
-        received.recv_timeout(FIRST_ACK_WAIT_MAX).expect("the child acknowledges something");
-    acks.push(first);
     let run_for = Duration::from_millis(rng.below(RUN_BEFORE_KILL_MS_MAX) + 1);
-    let kill_at = Instant::now() + run_for;
-    // Bounded by time: receiving stops at the kill moment.
-    while let Some(left) = kill_at.checked_duration_since(Instant::now()) {
-        match received.recv_timeout(left) {
-            Ok(ack) => acks.push(ack),
-            Err(flume::RecvTimeoutError::Timeout) => break,
-            Err(flume::RecvTimeoutError::Disconnected) => {
-                panic!("the child exited before the kill")
-            }
-        }
-    }
-    let pid = libc::pid_t::try_from(child.id()).expect("a pid fits pid_t");
-    // SAFETY: `pid` is our own child, not yet waited for, so it names that process.
-    let killed = unsafe { libc::kill(pid, libc::SIGKILL) };
-    assert_eq!(killed, 0, "kill: {}", std::io::Error::last_os_error());
-    let status = child.wait().expect("reap the child");
-    assert!(!status.success(), "the child was killed: {status:?}");
-    // Lines the child printed before it died are acknowledgements too.
-    acks.extend(received.iter());
-    reader.join().expect("the reader thread panicked");
+    let envs = [(WRITER_DIR_ENV, dir.display().to_string()), (WRITER_ROUND_ENV, round.to_string())];
+    let acks = crash::run_and_kill(TEST_NAME, &envs, parse_checked, |_| true, run_for);
     println!("round {round}: killed after {run_for:?} and {} acknowledgements", acks.len());
     acks
+}
+
+/// An acknowledgement, or `None` for other output; a malformed acknowledgement fails.
+fn parse_checked(line: &str) -> Option<Ack> {
+    let ack = parse_ack(line);
+    assert!(ack.is_some() || !line.starts_with("ACK"), "unparsable acknowledgement {line:?}");
+    ack
 }
 
 /// Every acknowledged mutation of every round so far, as the expected final state.
@@ -359,14 +282,7 @@ fn kill9_keeps_every_acknowledged_mutation() {
         write_until_killed(Path::new(&dir), round.expect("the parent sets the round"));
         return;
     }
-    let seed =
-        std::env::var(SEED_ENV).ok().and_then(|seed| seed.parse().ok()).unwrap_or_else(|| {
-            SystemTime::now()
-                .duration_since(UNIX_EPOCH)
-                .map_or(1, |since| since.as_secs() << 30 ^ u64::from(since.subsec_nanos()))
-        });
-    println!("seed {seed} (replay with {SEED_ENV}={seed})");
-    let mut rng = Rng(seed | 1);
+    let mut rng = Rng::seeded(SEED_ENV);
     let temp = tempfile::tempdir().expect("a temporary directory");
     let dir = temp.path().join("meta");
     let mut expected = Expected::default();

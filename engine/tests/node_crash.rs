@@ -11,11 +11,11 @@
 mod common;
 
 use std::collections::{HashMap, HashSet};
-use std::io::{BufRead, BufReader, Write};
-use std::process::{Command, Stdio};
+use std::io::Write;
 use std::thread;
 use std::time::Duration;
 
+use common::crash::{self, Rng};
 use common::*;
 use engine::framing::AppendConditions;
 use engine::names::{BucketName, StreamKey};
@@ -24,6 +24,7 @@ use engine::options::{BucketConfigRequest, StorageClass, StreamOptionsRequest};
 
 const CHILD_ENV: &str = "NOVA_NODE_CRASH_CHILD";
 const ROUND_ENV: &str = "NOVA_NODE_CRASH_ROUND";
+const TEST_NAME: &str = "kill9_loses_no_acknowledged_batch_and_exposes_no_partial_one";
 const ROUNDS: u32 = 5;
 const STREAMS: usize = 4;
 
@@ -97,6 +98,35 @@ fn child(dir: &str, round: u32) {
     }
 }
 
+/// What the child printed.
+enum Line {
+    Fenced(usize),
+    Ack { stream: usize, batch: String, range: (u64, u64) },
+}
+
+fn parse_line(line: &str) -> Option<Line> {
+    let words: Vec<&str> = line.split_whitespace().collect();
+    let parsed = match words.as_slice() {
+        ["fenced", s] => Line::Fenced(s.parse().ok()?),
+        ["ack", s, batch, start, end] => Line::Ack {
+            stream: s.parse().ok()?,
+            batch: (*batch).to_owned(),
+            range: (start.parse().ok()?, end.parse().ok()?),
+        },
+        _ => return None,
+    };
+    Some(parsed)
+}
+
+fn parse_checked(line: &str) -> Option<Line> {
+    let parsed = parse_line(line);
+    assert!(
+        parsed.is_some() || !(line.starts_with("ack") || line.starts_with("fenced")),
+        "unparsable {line:?}"
+    );
+    parsed
+}
+
 #[derive(Default)]
 struct Expected {
     /// (stream, "round:batch") -> (start, end)
@@ -112,77 +142,30 @@ fn kill9_loses_no_acknowledged_batch_and_exposes_no_partial_one() {
         child(&dir, round);
         return;
     }
-    let seed: u64 = std::env::var("NOVA_NODE_CRASH_SEED")
-        .ok()
-        .and_then(|s| s.parse().ok())
-        .unwrap_or_else(|| {
-            std::time::SystemTime::now()
-                .duration_since(std::time::UNIX_EPOCH)
-                .map_or(7, |d| d.as_nanos() as u64)
-        });
-    eprintln!("NOVA_NODE_CRASH_SEED={seed}");
-    let mut rng = seed;
-    let mut next_random = move |bound: u64| {
-        rng ^= rng << 13;
-        rng ^= rng >> 7;
-        rng ^= rng << 17;
-        rng % bound
-    };
+    let mut rng = Rng::seeded("NOVA_NODE_CRASH_SEED");
     let dir = tempfile::tempdir().expect("tempdir");
     let mut expected = Expected::default();
     for round in 0..ROUNDS {
-        let exe = std::env::current_exe().expect("test binary");
-        let mut child = Command::new(exe)
-            .args([
-                "--exact",
-                "kill9_loses_no_acknowledged_batch_and_exposes_no_partial_one",
-                "--nocapture",
-            ])
-            .env(CHILD_ENV, dir.path())
-            .env(ROUND_ENV, round.to_string())
-            .stdout(Stdio::piped())
-            .stderr(Stdio::inherit())
-            .spawn()
-            .expect("spawn child");
-        let stdout = child.stdout.take().expect("piped");
-        let (lines_tx, lines) = flume::unbounded();
-        let reader = thread::spawn(move || {
-            for line in BufReader::new(stdout).lines().map_while(Result::ok) {
-                let _ = lines_tx.send(line);
+        let run_for = Duration::from_millis(20 + rng.below(400));
+        let envs = [(CHILD_ENV, dir.path().display().to_string()), (ROUND_ENV, round.to_string())];
+        let lines = crash::run_and_kill(
+            TEST_NAME,
+            &envs,
+            parse_checked,
+            |l| matches!(l, Line::Ack { .. }),
+            run_for,
+        );
+        for line in lines {
+            match line {
+                Line::Fenced(stream) => {
+                    expected.fenced.insert(stream, round);
+                }
+                Line::Ack { stream, batch, range } => {
+                    expected.acked.insert((stream, batch), range);
+                }
             }
-        });
-        // Let it get going (a few acknowledgements), then kill it at a random moment.
-        let mut acks_seen = 0;
-        let want = 20 + next_random(400);
-        while acks_seen < want {
-            let line =
-                lines.recv_timeout(Duration::from_secs(60)).expect("the child makes progress");
-            acks_seen += u64::from(line.starts_with("ack"));
-            record_line(&mut expected, round, &line);
-        }
-        // SAFETY: plain syscall on a pid we spawned and have not reaped.
-        let killed = unsafe { libc::kill(child.id() as i32, libc::SIGKILL) };
-        assert_eq!(killed, 0, "kill the child");
-        let _ = child.wait();
-        reader.join().expect("reader");
-        for line in lines.drain() {
-            record_line(&mut expected, round, &line);
         }
         verify(dir.path(), &expected, round);
-    }
-}
-
-fn record_line(expected: &mut Expected, round: u32, line: &str) {
-    let words: Vec<&str> = line.split_whitespace().collect();
-    match words.as_slice() {
-        ["fenced", s] => {
-            expected.fenced.insert(s.parse().expect("stream"), round);
-        }
-        ["ack", s, batch, start, end] => {
-            let range = (start.parse().expect("start"), end.parse().expect("end"));
-            expected.acked.insert((s.parse().expect("stream"), (*batch).to_owned()), range);
-        }
-        _ => {}
     }
 }
 

@@ -30,6 +30,7 @@
 //! follow which (the chain, the epochs) is the recovery's rule (`recovery.rs`).
 
 use crate::chunk::ENVELOPE_LEN;
+use crate::le::{u16_at, u32_at, u64_at};
 
 /// `"NVJE"`: the first four bytes of every journal entry.
 pub const MAGIC: [u8; 4] = *b"NVJE";
@@ -109,16 +110,6 @@ pub enum EnvelopeError {
     BadLink { prev_lsn: u64, prev_crc: u32 },
 }
 
-#[inline]
-fn u32_at(bytes: &[u8], at: usize) -> u32 {
-    u32::from_le_bytes(bytes[at..at + 4].try_into().expect("4-byte slice"))
-}
-
-#[inline]
-fn u64_at(bytes: &[u8], at: usize) -> u64 {
-    u64::from_le_bytes(bytes[at..at + 8].try_into().expect("8-byte slice"))
-}
-
 impl Envelope {
     /// Writes the envelope over all 64 bytes of `out` and returns its CRC (the next
     /// entry's `prev_crc`).
@@ -151,7 +142,7 @@ impl Envelope {
         if found != MAGIC {
             return Err(EnvelopeError::BadMagic { found });
         }
-        let version = u16::from_le_bytes([bytes[VERSION_AT], bytes[VERSION_AT + 1]]);
+        let version = u16_at(bytes, VERSION_AT);
         if version != FORMAT_VERSION {
             return Err(EnvelopeError::UnknownVersion { version });
         }
@@ -223,7 +214,7 @@ pub fn parse_epoch(slot: &[u8]) -> Result<u64, EpochError> {
     {
         return Err(EpochError::NotARecord);
     }
-    let version = u16::from_le_bytes([record[EPOCH_VERSION_AT], record[EPOCH_VERSION_AT + 1]]);
+    let version = u16_at(record, EPOCH_VERSION_AT);
     if version != EPOCH_FORMAT_VERSION {
         return Err(EpochError::UnknownVersion { version });
     }

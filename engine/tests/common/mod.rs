@@ -2,6 +2,8 @@
 //! batches, and reading a whole stream back.
 #![allow(dead_code)]
 
+pub mod crash;
+
 use std::path::Path;
 
 use engine::control::Created;
