@@ -269,6 +269,21 @@ impl Shard {
 
     async fn run(self: &Rc<Self>, slot: &Rc<Slot>, record: StreamRecord, op: Op) -> Result<Reply> {
         let slot = Rc::clone(slot);
+        // A stream being deleted is gone for every verb; a second delete waits for the
+        // first to finish (and takes over if it failed).
+        loop {
+            let seen = slot.changed.generation();
+            if !slot.leader.borrow().is_deleted() {
+                break;
+            }
+            if !matches!(op, Op::Delete) {
+                return Err(slot.not_found());
+            }
+            if !self.streams.borrow().contains_key(&record.id) {
+                return Ok(Reply::Deleted);
+            }
+            slot.changed.changed(seen).await;
+        }
         match op {
             Op::Append(request) => self.append(&slot, request).await.map(Reply::Appended),
             Op::Read(request) => self.read(&slot, request).await.map(Reply::Read),
@@ -671,6 +686,7 @@ impl Shard {
         };
         if let Err(error) = deleted {
             slot.leader.borrow_mut().unmark_deleted();
+            slot.changed.notify();
             return Err(error);
         }
         self.streams.borrow_mut().remove(&record.id);

@@ -276,6 +276,37 @@ fn reconfigure_applies_at_once_and_delete_ends_the_stream() {
 }
 
 #[test]
+fn concurrent_deletes_all_succeed_and_leave_the_stream_gone() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let node = start(config(dir.path(), 1));
+    let client = node.client();
+    let bucket = make_bucket(&client, "twice", express(), false);
+    let key = key("k");
+    block_on(client.control().create_stream(&bucket, &key, &Default::default(), None))
+        .expect("create");
+    block_on(client.append(&bucket, &key, plain(&["a"]))).expect("append");
+    let deleters: Vec<_> = (0..4)
+        .map(|_| {
+            let (client, bucket, key) = (client.clone(), bucket.clone(), key.clone());
+            thread::spawn(move || block_on(client.delete_stream(&bucket, &key)))
+        })
+        .collect();
+    for deleter in deleters {
+        deleter.join().expect("deleter").expect("every delete of one stream succeeds");
+    }
+    assert_eq!(
+        block_on(client.check_tail(&bucket, &key)).map_err(|e| e.code()),
+        Err(Code::NotFound)
+    );
+    assert_eq!(
+        block_on(client.append(&bucket, &key, plain(&["b"]))).map_err(|e| e.code()),
+        Err(Code::NotFound)
+    );
+    drop(client);
+    node.stop();
+}
+
+#[test]
 fn a_delete_wakes_a_waiting_reader_with_not_found() {
     let dir = tempfile::tempdir().expect("tempdir");
     let node = start(config(dir.path(), 1));
