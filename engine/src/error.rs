@@ -266,6 +266,30 @@ pub enum Error {
     #[error("stored chunk is corrupt: {0}")]
     CorruptChunk(#[from] crate::chunk::Corruption),
 
+    /// A slot (envelope and chunk) fetched from object storage failed its checks
+    /// (transit.rs): a ranged GET of one slot, or a slot handed to a bundle or settled
+    /// object builder.
+    #[error("stored slot is corrupt: {0}")]
+    CorruptSlot(#[from] crate::transit::SlotCorruption),
+
+    /// A transit bundle, its footer or its index failed their checks (transit.rs).
+    #[error("stored transit bundle is corrupt: {0}")]
+    CorruptBundle(#[from] crate::transit::Corruption),
+
+    /// A settled object, its footer or its index failed their checks (settled.rs).
+    #[error("stored settled object is corrupt: {0}")]
+    CorruptSettled(#[from] crate::settled::Corruption),
+
+    /// The uploader refused a chunk handed to it (uploader.rs): its slot does not
+    /// envelope, or its request's chunks overlap by sequence number. A caller's bug.
+    #[error("chunk refused by the uploader: {0}")]
+    UploadRefused(#[from] crate::transit::PushRefused),
+
+    /// The object store refused a transit bundle's PUT for a reason retrying will not
+    /// fix (an invalid key or size, or a different object already under its key).
+    #[error("transit bundle {key} could not be written: {reason}")]
+    BundleUploadFailed { key: String, reason: String },
+
     /// The metadata store failed or refused a transaction. Callers turn the conflicts
     /// they expect (a taken address, a lost race) into their own variants first.
     #[error(transparent)]
@@ -319,7 +343,13 @@ impl Error {
                 Code::ResourceExhausted
             }
             Error::Unavailable { .. } | Error::Contended { .. } => Code::Unavailable,
-            Error::Internal { .. } | Error::CorruptChunk(_) => Code::Internal,
+            Error::Internal { .. }
+            | Error::CorruptChunk(_)
+            | Error::CorruptSlot(_)
+            | Error::CorruptBundle(_)
+            | Error::CorruptSettled(_)
+            | Error::UploadRefused(_)
+            | Error::BundleUploadFailed { .. } => Code::Internal,
             Error::Framing(_) => Code::InvalidArgument,
             Error::Meta(meta) => match meta {
                 MetaError::Conflict { .. } => Code::FailedPrecondition,
@@ -642,6 +672,44 @@ mod tests {
                 Error::CorruptChunk(crate::chunk::Corruption::UnknownVersion { version: 2 }),
                 Code::Internal,
                 &["corrupt", "version 2"],
+            ),
+            (
+                Error::CorruptSlot(crate::transit::SlotCorruption::Crc {
+                    stored: 0x1234_5678,
+                    computed: 0x9abc_def0,
+                }),
+                Code::Internal,
+                &["slot", "corrupt", "0x12345678", "0x9abcdef0"],
+            ),
+            (
+                Error::CorruptBundle(crate::transit::Corruption::SlotsEndMismatch {
+                    end: 4097,
+                    index_offset: 4096,
+                }),
+                Code::Internal,
+                &["transit bundle", "corrupt", "4097", "4096"],
+            ),
+            (
+                Error::CorruptSettled(crate::settled::Corruption::NotContiguous {
+                    slot: 2,
+                    first_seq_num: 9,
+                    expected: 7,
+                }),
+                Code::Internal,
+                &["settled object", "corrupt", "entry 2", "seq_num 9", "7"],
+            ),
+            (
+                Error::UploadRefused(crate::transit::PushRefused::TooManySlots { slots: 7 }),
+                Code::Internal,
+                &["refused by the uploader", "7 slots"],
+            ),
+            (
+                Error::BundleUploadFailed {
+                    key: "_transit/x".into(),
+                    reason: "invalid key".into(),
+                },
+                Code::Internal,
+                &["transit bundle _transit/x", "invalid key"],
             ),
             (
                 Error::Meta(MetaError::Conflict { check: 0, key: b"a/b".to_vec(), found: None }),

@@ -28,9 +28,12 @@ pub mod notify;
 pub mod options;
 pub mod position;
 pub mod record;
+pub mod settled;
 pub mod shard;
 pub mod stream;
 pub mod throughput;
 pub mod timestamp;
+pub mod transit;
+pub mod uploader;
 
 pub use error::{Code, Error, Result};

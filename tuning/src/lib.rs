@@ -147,6 +147,198 @@ pub const SHARD_HANDLERS_MAX: Knob = Knob {
     reason: "each waiting request costs a task and little memory; the memory budget, not this, bounds the bytes they hold",
 };
 
+/// The base timeout of one S3 request attempt, before its bytes are counted.
+pub const S3_ATTEMPT_TIMEOUT_MS: Knob = Knob {
+    flag: "s3-attempt-timeout-ms",
+    env: "NOVA_S3_ATTEMPT_TIMEOUT_MS",
+    unit: Unit::Milliseconds,
+    default: 2_000,
+    min: 100,
+    max: 600_000,
+    help: "time one S3 request attempt may take, plus its bytes at --s3-transfer-bytes-per-second-min; a slower attempt is cut off and retried",
+    reason: "ten times S3's usual p99 for small requests, so only a stuck attempt is cut, and a stuck PUT is re-sent within seconds instead of waited on",
+};
+
+/// The slowest transfer an S3 attempt is allowed before it times out.
+pub const S3_TRANSFER_BYTES_PER_SECOND_MIN: Knob = Knob {
+    flag: "s3-transfer-bytes-per-second-min",
+    env: "NOVA_S3_TRANSFER_BYTES_PER_SECOND_MIN",
+    unit: Unit::Bytes,
+    default: 8 << 20,
+    min: 64 << 10,
+    max: 10 << 30,
+    help: "bytes per second an S3 attempt must at least move: each attempt's timeout grows by one second per this many bytes it sends or receives",
+    reason: "8 MiB/s gives an 8 MiB part one extra second, slow enough for several uploads sharing a modest link, fast enough that a stalled transfer is noticed",
+};
+
+/// Attempts per S3 request, the first included.
+pub const S3_ATTEMPTS_MAX: Knob = Knob {
+    flag: "s3-attempts-max",
+    env: "NOVA_S3_ATTEMPTS_MAX",
+    unit: Unit::Count,
+    default: 4,
+    min: 1,
+    max: 20,
+    help: "attempts per S3 request (the first included) on timeouts, connection failures, 5xx and throttling; then the call fails as unavailable",
+    reason: "rides out a dropped connection or a throttling burst (the default pauses add up to at most 0.35 s); a longer outage is the uploader's to wait out, since it retries whole uploads",
+};
+
+/// The backoff ceiling before the second attempt of an S3 request.
+pub const S3_BACKOFF_INITIAL_MS: Knob = Knob {
+    flag: "s3-backoff-initial-ms",
+    env: "NOVA_S3_BACKOFF_INITIAL_MS",
+    unit: Unit::Milliseconds,
+    default: 50,
+    min: 1,
+    max: 60_000,
+    help: "backoff ceiling before an S3 request's second attempt; it doubles per attempt up to --s3-backoff-max-ms, and each pause is a random point in the ceiling's upper half",
+    reason: "a few S3 round trips: long enough for a throttled prefix to recover, short enough that an append waiting on the PUT barely notices",
+};
+
+/// The largest backoff ceiling between attempts of an S3 request.
+pub const S3_BACKOFF_MAX_MS: Knob = Knob {
+    flag: "s3-backoff-max-ms",
+    env: "NOVA_S3_BACKOFF_MAX_MS",
+    unit: Unit::Milliseconds,
+    default: 1_000,
+    min: 1,
+    max: 600_000,
+    help: "largest backoff ceiling between attempts of one S3 request",
+    reason: "caps the wait at a second, so raising --s3-attempts-max lengthens the retry window linearly, not exponentially",
+};
+
+/// Objects above this size are written to S3 with a multipart upload.
+pub const S3_MULTIPART_THRESHOLD_BYTES: Knob = Knob {
+    flag: "s3-multipart-threshold-bytes",
+    env: "NOVA_S3_MULTIPART_THRESHOLD_BYTES",
+    unit: Unit::Bytes,
+    default: 16 << 20,
+    min: 5 << 20,
+    max: 5 << 30,
+    help: "objects larger than this are written to S3 in parts (a multipart upload: two requests more than its parts); at most 5 GiB, S3's largest single PUT",
+    reason: "transit bundles stay one PUT (one request each); settled objects above it go in concurrent parts, and a failed part is re-sent alone",
+};
+
+/// The size of each part of an S3 multipart upload but the last.
+pub const S3_MULTIPART_PART_BYTES: Knob = Knob {
+    flag: "s3-multipart-part-bytes",
+    env: "NOVA_S3_MULTIPART_PART_BYTES",
+    unit: Unit::Bytes,
+    default: 8 << 20,
+    min: 5 << 20,
+    max: 5 << 30,
+    help: "size of each part of an S3 multipart upload but the last (S3 allows 5 MiB to 5 GiB, and 10,000 parts)",
+    reason: "8 MiB parts send a 64 MiB settled object in 8 requests, four at a time, and a retried part costs at most 8 MiB again",
+};
+
+/// Parts of one S3 multipart upload in flight at once.
+pub const S3_MULTIPART_CONCURRENCY: Knob = Knob {
+    flag: "s3-multipart-concurrency",
+    env: "NOVA_S3_MULTIPART_CONCURRENCY",
+    unit: Unit::Count,
+    default: 4,
+    min: 1,
+    max: 64,
+    help: "parts of one S3 multipart upload sent at once",
+    reason: "four streams of 8 MiB fill a few Gbit/s to S3 while bounding one upload's memory in flight to the object itself",
+};
+
+/// File operations the local-directory object store runs at once.
+pub const LOCAL_STORE_IO_CONCURRENCY: Knob = Knob {
+    flag: "local-store-io-concurrency",
+    env: "NOVA_LOCAL_STORE_IO_CONCURRENCY",
+    unit: Unit::Count,
+    default: 8,
+    min: 1,
+    max: 256,
+    help: "puts, gets, heads, lists and deletes the local-directory object store runs at once (each holds a blocking thread; the rest wait their turn)",
+    reason: "enough to overlap the fsyncs of concurrent puts on one disk, few enough to bound the blocking threads the store occupies",
+};
+
+/// The size at which the uploader closes a transit bundle and sends it.
+pub const BUNDLE_BYTES_TARGET: Knob = Knob {
+    flag: "bundle-bytes-target",
+    env: "NOVA_BUNDLE_BYTES_TARGET",
+    unit: Unit::Bytes,
+    default: 8 << 20,
+    min: 64 << 10,
+    max: 1 << 30,
+    help: "size at which the uploader closes a transit bundle and PUTs it (a single larger request gets a bundle of its own); --bundle-delay-ms closes smaller ones",
+    reason: "8 MiB amortises a PUT's request cost over many chunks and stays below the 16 MiB multipart threshold, so a bundle is one request",
+};
+
+/// How long the uploader waits for more chunks before it sends a bundle.
+pub const BUNDLE_DELAY_MS: Knob = Knob {
+    flag: "bundle-delay-ms",
+    env: "NOVA_BUNDLE_DELAY_MS",
+    unit: Unit::Milliseconds,
+    default: 10,
+    min: 0,
+    max: 10_000,
+    help: "longest a chunk waits in the uploader for others to share its transit bundle, counted from the first chunk of the bundle",
+    reason: "a standard append waits this plus one PUT: 10 ms adds little to a PUT's own tens of milliseconds and still packs every chunk of a busy node's 10 ms into one object",
+};
+
+/// Transit bundle PUTs in flight at once.
+pub const UPLOADS_IN_FLIGHT_MAX: Knob = Knob {
+    flag: "uploads-in-flight-max",
+    env: "NOVA_UPLOADS_IN_FLIGHT_MAX",
+    unit: Unit::Count,
+    default: 8,
+    min: 1,
+    max: 256,
+    help: "transit bundle PUTs the uploader has in flight at once; past it, bundles wait and then shards wait on the uploader's queue",
+    reason: "eight 8 MiB PUTs keep a few Gbit/s to S3 busy while bounding the bundle bytes held in flight to 64 MiB",
+};
+
+/// Upload requests queued for the uploader before shards wait.
+pub const UPLOADER_QUEUE_DEPTH: Knob = Knob {
+    flag: "uploader-queue-depth",
+    env: "NOVA_UPLOADER_QUEUE_DEPTH",
+    unit: Unit::Count,
+    default: 1024,
+    min: 1,
+    max: 1 << 16,
+    help: "upload requests (each one shard's chunks of one flush) queued for the uploader before the shards sending them wait",
+    reason: "like --shard-inbox-depth: deep enough that shards never wait on the queue while the store keeps up; the shards' memory budget bounds the bytes behind it",
+};
+
+/// The first pause before a failed bundle PUT is sent again.
+pub const UPLOAD_BACKOFF_INITIAL_MS: Knob = Knob {
+    flag: "upload-backoff-initial-ms",
+    env: "NOVA_UPLOAD_BACKOFF_INITIAL_MS",
+    unit: Unit::Milliseconds,
+    default: 100,
+    min: 1,
+    max: 60_000,
+    help: "backoff ceiling before a failed transit bundle PUT is sent again; it doubles per failure up to --upload-backoff-max-ms, and each pause is a random point in the ceiling's upper half",
+    reason: "the object store client already retried within the call (--s3-attempts-max), so a failure here is an outage: a tenth of a second before the first whole retry",
+};
+
+/// The largest pause between sends of a failed bundle PUT.
+pub const UPLOAD_BACKOFF_MAX_MS: Knob = Knob {
+    flag: "upload-backoff-max-ms",
+    env: "NOVA_UPLOAD_BACKOFF_MAX_MS",
+    unit: Unit::Milliseconds,
+    default: 5_000,
+    min: 1,
+    max: 600_000,
+    help: "largest backoff ceiling between sends of a failed transit bundle PUT; the uploader retries while it runs, so this is how soon appends resume after the store returns",
+    reason: "appends resume within five seconds of the store's return, while an outage costs the store one request per bundle every few seconds",
+};
+
+/// How long a stopping uploader keeps retrying what it holds.
+pub const UPLOADER_DRAIN_MS: Knob = Knob {
+    flag: "uploader-drain-ms",
+    env: "NOVA_UPLOADER_DRAIN_MS",
+    unit: Unit::Milliseconds,
+    default: 30_000,
+    min: 0,
+    max: 3_600_000,
+    help: "how long a stopping uploader keeps sending the bundles it holds; what is still not durable then is answered unavailable",
+    reason: "half a minute rides out a short outage at shutdown without making a stop hang on a store that is down",
+};
+
 /// Every knob, in the order `--help` and the doc list them.
 pub const KNOBS: &[Knob] = &[
     RECORD_BYTES_MAX,
@@ -157,6 +349,22 @@ pub const KNOBS: &[Knob] = &[
     SHARD_HANDLERS_MAX,
     JOURNAL_SEGMENT_BYTES,
     JOURNAL_SPARE_SEGMENTS,
+    BUNDLE_BYTES_TARGET,
+    BUNDLE_DELAY_MS,
+    UPLOADS_IN_FLIGHT_MAX,
+    UPLOADER_QUEUE_DEPTH,
+    UPLOAD_BACKOFF_INITIAL_MS,
+    UPLOAD_BACKOFF_MAX_MS,
+    UPLOADER_DRAIN_MS,
+    LOCAL_STORE_IO_CONCURRENCY,
+    S3_ATTEMPT_TIMEOUT_MS,
+    S3_TRANSFER_BYTES_PER_SECOND_MIN,
+    S3_ATTEMPTS_MAX,
+    S3_BACKOFF_INITIAL_MS,
+    S3_BACKOFF_MAX_MS,
+    S3_MULTIPART_THRESHOLD_BYTES,
+    S3_MULTIPART_PART_BYTES,
+    S3_MULTIPART_CONCURRENCY,
 ];
 
 /// A knob value that could not be used.

@@ -1,0 +1,726 @@
+//! The uploader core: one dedicated OS thread (`nova-uploader`, optionally pinned) that
+//! owns the object-store client and the tokio runtime it needs, packs the sealed chunks
+//! shards hand it into transit bundles (transit.rs), PUTs them create-only with bounded
+//! concurrency, retries failures, and answers each request once its bundle is durable.
+//!
+//! ```text
+//! shard (glommio)                         nova-uploader (tokio, current thread)
+//!  Uploader::upload ── bounded flume ──►  intake: envelope each chunk in its front
+//!                                         reserve, check the request on its own
+//!                                         pending ── cut by size or delay ──► bundle
+//!                                         ≤ uploads-in-flight-max PUTs, each retried
+//!  ◄── one-shot flume reply ───────────── until it succeeds: placements + the chunks
+//! ```
+//!
+//! What it guarantees:
+//! - A request is answered exactly once: `Ok` only after the PUT of the bundle holding
+//!   all of its chunks returned success (durable in the store), or an error (a refused
+//!   chunk; the uploader stopping before its bundle was durable). A request's chunks
+//!   always travel in one bundle.
+//! - A failed PUT is retried with capped exponential backoff and jitter for as long as
+//!   the uploader runs, under the same key, so a retry after a PUT that landed unseen
+//!   finds its own object (checked byte for byte) rather than writing a second one.
+//! - Every queue is bounded: the request channel (`uploader-queue-depth`), the bytes
+//!   waiting for a bundle (one bundle's worth: intake pauses while a full bundle waits
+//!   for an upload slot), and the PUTs in flight (`uploads-in-flight-max`).
+//!
+//! What it never does: run on or block a shard (the submit side is two flume channels
+//! awaited with `send_async`/`recv_async`, woken from this thread, so the awaiting
+//! glommio task must be in a `Latency::NotImportant` queue, notes/platform.md); copy a
+//! chunk before the PUT body is assembled (the envelope is written in the chunk
+//! buffer's 64-byte front reserve; assembling the one contiguous body the store takes
+//! is the one copy); talk to aws-sdk directly (only the `s3` crate's `ObjectStore`);
+//! write refs or metadata (the shard that gets the placements does).
+
+use std::ops::Range;
+use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
+use std::sync::{Arc, Mutex, PoisonError};
+use std::thread::JoinHandle;
+use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
+
+use hdrhistogram::Histogram;
+use s3::{ByteRange, Bytes, ErrorKind, ObjectStore, PutCondition};
+use tokio::task::JoinSet;
+
+use crate::aligned::AlignedBuf;
+use crate::chunk::SealedChunk;
+use crate::error::{Error, Result};
+use crate::ids::StreamId;
+use crate::transit::{self, BundleBuilder, BundleId, PushRefused, TransitKey};
+
+/// How the uploader cuts, sends and retries. [`Default`] is every knob's default.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct UploaderConfig {
+    /// A bundle is sent once its pending bytes reach this (`bundle-bytes-target`).
+    pub bundle_bytes_target: u64,
+    /// ... or once its first chunk has waited this long (`bundle-delay-ms`).
+    pub bundle_delay: Duration,
+    /// PUTs in flight at once (`uploads-in-flight-max`).
+    pub uploads_in_flight_max: usize,
+    /// Requests queued before submitters wait (`uploader-queue-depth`).
+    pub queue_depth: usize,
+    /// First backoff ceiling after a failed PUT (`upload-backoff-initial-ms`).
+    pub backoff_initial: Duration,
+    /// Largest backoff ceiling (`upload-backoff-max-ms`).
+    pub backoff_max: Duration,
+    /// How long [`Uploader::stop`] keeps sending what is held (`uploader-drain-ms`).
+    pub drain: Duration,
+    /// The core the thread is pinned to, if any.
+    pub core: Option<usize>,
+}
+
+impl Default for UploaderConfig {
+    fn default() -> Self {
+        let ms = |knob: tuning::Knob| Duration::from_millis(knob.default);
+        let count = |knob: tuning::Knob| usize::try_from(knob.default).unwrap_or(usize::MAX);
+        Self {
+            bundle_bytes_target: tuning::BUNDLE_BYTES_TARGET.default,
+            bundle_delay: ms(tuning::BUNDLE_DELAY_MS),
+            uploads_in_flight_max: count(tuning::UPLOADS_IN_FLIGHT_MAX),
+            queue_depth: count(tuning::UPLOADER_QUEUE_DEPTH),
+            backoff_initial: ms(tuning::UPLOAD_BACKOFF_INITIAL_MS),
+            backoff_max: ms(tuning::UPLOAD_BACKOFF_MAX_MS),
+            drain: ms(tuning::UPLOADER_DRAIN_MS),
+            core: None,
+        }
+    }
+}
+
+/// One chunk to upload and the leader epoch its slot envelope carries.
+#[derive(Debug)]
+pub struct UploadChunk {
+    pub chunk: SealedChunk<AlignedBuf>,
+    /// The stream's leader epoch when the chunk was built (0 until leases exist).
+    pub leader_epoch: u64,
+}
+
+impl From<SealedChunk<AlignedBuf>> for UploadChunk {
+    fn from(chunk: SealedChunk<AlignedBuf>) -> Self {
+        Self { chunk, leader_epoch: 0 }
+    }
+}
+
+/// Where one uploaded chunk's slot lies: one ranged GET of `range()` of `key` returns
+/// exactly the slot (envelope and chunk), which `transit::Slot::parse` verifies.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Placement {
+    /// The bundle's full object key (the uploader's key prefix included).
+    pub key: Arc<str>,
+    /// The slot's first byte in the bundle.
+    pub offset: u64,
+    /// The slot's bytes: the 64-byte envelope and the chunk.
+    pub length: u64,
+    pub stream_id: StreamId,
+    pub first_seq_num: u64,
+    pub record_count: u32,
+}
+
+impl Placement {
+    /// The slot's bytes in the bundle.
+    pub fn range(&self) -> Range<u64> {
+        self.offset..self.offset + self.length
+    }
+
+    /// The chunk's bytes in the bundle (the slot without its envelope).
+    pub fn chunk_range(&self) -> Range<u64> {
+        self.offset + transit::SLOT_ENVELOPE_LEN as u64..self.offset + self.length
+    }
+}
+
+/// A request's answer: where each chunk went, and the chunks themselves (in the order
+/// they were handed in), given back so the shard can cache or recycle their buffers.
+#[derive(Debug, Default)]
+pub struct Uploaded {
+    pub placements: Vec<Placement>,
+    pub chunks: Vec<SealedChunk<AlignedBuf>>,
+}
+
+/// A snapshot of the uploader's counters.
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct UploaderStats {
+    /// Requests answered with their placements.
+    pub requests: u64,
+    /// Chunks in bundles written.
+    pub chunks: u64,
+    /// Bundles written.
+    pub bundles: u64,
+    /// Bytes of bundles written.
+    pub bundle_bytes: u64,
+    /// PUT attempts, and how many of them failed.
+    pub put_attempts: u64,
+    pub put_failures: u64,
+    /// Requests waiting in the channel, not yet taken in.
+    pub queue_depth: usize,
+    /// Bundles being uploaded now.
+    pub in_flight: usize,
+    /// Bundles cut because their bytes reached the target, because their first chunk
+    /// waited the delay, and because the uploader was stopping.
+    pub cut_by_size: u64,
+    pub cut_by_delay: u64,
+    pub cut_by_stop: u64,
+    /// Chunks per bundle: median and largest.
+    pub chunks_per_bundle_p50: u64,
+    pub chunks_per_bundle_max: u64,
+    /// One bundle's upload, retries included, in microseconds.
+    pub put_latency_us_p50: u64,
+    pub put_latency_us_p99: u64,
+    pub put_latency_us_max: u64,
+    /// The last PUT failure, as text.
+    pub last_put_error: Option<String>,
+}
+
+/// The handle: cheap to clone, `Send + Sync`, usable from any thread or executor.
+///
+/// Dropping every handle lets the thread finish what is queued and exit on its own
+/// (without joining it, because the last handle may be dropped on a shard);
+/// [`Uploader::stop`] does the same and waits for it.
+#[derive(Clone, Debug)]
+pub struct Uploader {
+    tx: flume::Sender<Message>,
+    shared: Arc<Shared>,
+}
+
+enum Message {
+    Upload(Request),
+    Stop,
+}
+
+struct Request {
+    chunks: Vec<UploadChunk>,
+    reply: flume::Sender<Result<Uploaded>>,
+}
+
+#[derive(Debug)]
+struct Shared {
+    thread: Mutex<Option<JoinHandle<()>>>,
+    counters: Counters,
+    histograms: Mutex<Histograms>,
+    last_put_error: Mutex<Option<String>>,
+}
+
+#[derive(Debug, Default)]
+struct Counters {
+    requests: AtomicU64,
+    chunks: AtomicU64,
+    bundles: AtomicU64,
+    bundle_bytes: AtomicU64,
+    put_attempts: AtomicU64,
+    put_failures: AtomicU64,
+    in_flight: AtomicUsize,
+    cut_by_size: AtomicU64,
+    cut_by_delay: AtomicU64,
+    cut_by_stop: AtomicU64,
+}
+
+#[derive(Debug)]
+struct Histograms {
+    chunks_per_bundle: Histogram<u64>,
+    put_latency_us: Histogram<u64>,
+}
+
+fn lock<T>(mutex: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
+    // Counters only: a panic elsewhere leaves them usable.
+    mutex.lock().unwrap_or_else(PoisonError::into_inner)
+}
+
+fn stopped() -> Error {
+    Error::unavailable("the uploader (it is stopping)")
+}
+
+impl Uploader {
+    /// Starts the uploader thread over `store`; every bundle key is `key_prefix`
+    /// followed by a transit key (`_transit/<ms>-<id>`). Blocking (it waits for the
+    /// thread to be pinned and running): call it from an ordinary thread.
+    pub fn start(
+        store: Arc<dyn ObjectStore>,
+        config: UploaderConfig,
+        key_prefix: &str,
+    ) -> Result<Uploader> {
+        if config.uploads_in_flight_max == 0 || config.queue_depth == 0 {
+            return Err(Error::internal(format!(
+                "uploader config: uploads in flight ({}) and queue depth ({}) must be at least 1",
+                config.uploads_in_flight_max, config.queue_depth
+            )));
+        }
+        let sample = format!("{key_prefix}{}", TransitKey::listing_floor(u64::MAX));
+        s3::check_key(&sample).map_err(|rule| {
+            Error::internal(format!("uploader key prefix {key_prefix:?}: {rule}"))
+        })?;
+        let runtime = tokio::runtime::Builder::new_current_thread()
+            .enable_all()
+            .build()
+            .map_err(|e| Error::internal(format!("start the uploader's tokio runtime: {e}")))?;
+        let (tx, rx) = flume::bounded(config.queue_depth);
+        let shared = Arc::new(Shared {
+            thread: Mutex::new(None),
+            counters: Counters::default(),
+            histograms: Mutex::new(Histograms {
+                chunks_per_bundle: Histogram::new_with_bounds(1, u64::from(u32::MAX), 2)
+                    .expect("constant bounds are valid"),
+                put_latency_us: Histogram::new_with_bounds(1, 3_600_000_000, 2)
+                    .expect("constant bounds are valid"),
+            }),
+            last_put_error: Mutex::new(None),
+        });
+        let (ready_tx, ready_rx) = flume::bounded(1);
+        let engine = Engine {
+            store,
+            config: config.clone(),
+            key_prefix: key_prefix.to_owned(),
+            shared: Arc::clone(&shared),
+            rx,
+            pending: Vec::new(),
+            pending_bytes: 0,
+            pending_since: None,
+            in_flight: JoinSet::new(),
+        };
+        let thread = std::thread::Builder::new()
+            .name("nova-uploader".into())
+            .spawn(move || {
+                let pinned = config.core.map_or(Ok(()), pin_to_core);
+                let failed = pinned.is_err();
+                // The starter waits for this one message; it cannot be gone yet.
+                let _ = ready_tx.send(pinned);
+                if !failed {
+                    runtime.block_on(engine.run());
+                }
+            })
+            .map_err(|e| Error::internal(format!("start the uploader thread: {e}")))?;
+        let pinned = ready_rx.recv();
+        match pinned {
+            Ok(Ok(())) => {}
+            Ok(Err(e)) => {
+                let _ = thread.join();
+                return Err(Error::internal(format!(
+                    "pin the uploader to core {:?}: {e}",
+                    config.core
+                )));
+            }
+            Err(_) => return Err(Error::internal("the uploader thread died while starting")),
+        }
+        *lock(&shared.thread) = Some(thread);
+        Ok(Uploader { tx, shared })
+    }
+
+    /// Uploads `chunks` (sealed; their front reserve gets the slot envelope) in one
+    /// transit bundle, shared with other requests', and answers once that bundle is
+    /// durable: a placement per chunk and the chunks, in the order given.
+    ///
+    /// Never blocks a thread: it awaits a bounded channel (backpressure when the
+    /// uploader is behind) and a one-shot reply, both woken from the uploader thread,
+    /// so a glommio caller must run in a `Latency::NotImportant` task queue.
+    ///
+    /// Errors: `UploadRefused` when a chunk cannot be enveloped or the request's chunks
+    /// overlap by sequence number (nothing of the request was written);
+    /// `BundleUploadFailed` when the store refuses the bundle for good; `Unavailable`
+    /// when the uploader stops before the bundle is durable.
+    pub async fn upload(&self, chunks: Vec<UploadChunk>) -> Result<Uploaded> {
+        if chunks.is_empty() {
+            return Ok(Uploaded::default());
+        }
+        let (reply, answer) = flume::bounded(1);
+        self.tx
+            .send_async(Message::Upload(Request { chunks, reply }))
+            .await
+            .map_err(|_| stopped())?;
+        answer.recv_async().await.map_err(|_| stopped())?
+    }
+
+    /// The counters now.
+    pub fn stats(&self) -> UploaderStats {
+        let c = &self.shared.counters;
+        let h = lock(&self.shared.histograms);
+        UploaderStats {
+            requests: c.requests.load(Ordering::Relaxed),
+            chunks: c.chunks.load(Ordering::Relaxed),
+            bundles: c.bundles.load(Ordering::Relaxed),
+            bundle_bytes: c.bundle_bytes.load(Ordering::Relaxed),
+            put_attempts: c.put_attempts.load(Ordering::Relaxed),
+            put_failures: c.put_failures.load(Ordering::Relaxed),
+            queue_depth: self.tx.len(),
+            in_flight: c.in_flight.load(Ordering::Relaxed),
+            cut_by_size: c.cut_by_size.load(Ordering::Relaxed),
+            cut_by_delay: c.cut_by_delay.load(Ordering::Relaxed),
+            cut_by_stop: c.cut_by_stop.load(Ordering::Relaxed),
+            chunks_per_bundle_p50: h.chunks_per_bundle.value_at_quantile(0.5),
+            chunks_per_bundle_max: h.chunks_per_bundle.max(),
+            put_latency_us_p50: h.put_latency_us.value_at_quantile(0.5),
+            put_latency_us_p99: h.put_latency_us.value_at_quantile(0.99),
+            put_latency_us_max: h.put_latency_us.max(),
+            last_put_error: lock(&self.shared.last_put_error).clone(),
+        }
+    }
+
+    /// Stops taking requests, uploads everything sent before this call (retrying for at
+    /// most the drain time; what is still not durable then is answered `Unavailable`),
+    /// and waits for the thread. Blocking: call it from an ordinary thread. Requests
+    /// other handles send afterwards are answered `Unavailable`.
+    pub fn stop(self) {
+        // A full queue makes this wait its turn, behind everything already queued; a
+        // gone thread (stopped by another handle) has nothing left to do.
+        let _ = self.tx.send(Message::Stop);
+        let thread = lock(&self.shared.thread).take();
+        if let Some(thread) = thread {
+            // A panic on the thread has already answered its requests (their reply
+            // senders dropped): nothing more to report here.
+            let _ = thread.join();
+        }
+    }
+}
+
+/// Pins the calling thread to `core`.
+fn pin_to_core(core: usize) -> std::io::Result<()> {
+    if core >= libc::CPU_SETSIZE as usize {
+        return Err(std::io::Error::from(std::io::ErrorKind::InvalidInput));
+    }
+    // SAFETY: `cpu_set_t` is plain bits; all zeroes is the empty set.
+    let mut set: libc::cpu_set_t = unsafe { std::mem::zeroed() };
+    // SAFETY: `core` is below CPU_SETSIZE, checked above.
+    unsafe { libc::CPU_SET(core, &mut set) };
+    // SAFETY: pid 0 is the calling thread; `set` is a valid set of the size passed.
+    let rc = unsafe { libc::sched_setaffinity(0, size_of::<libc::cpu_set_t>(), &set) };
+    if rc == 0 { Ok(()) } else { Err(std::io::Error::last_os_error()) }
+}
+
+/// Why a bundle was cut.
+#[derive(Clone, Copy, Debug)]
+enum Cut {
+    Size,
+    Delay,
+    Stop,
+}
+
+/// A request taken in: its chunks enveloped, checked to form a bundle on their own.
+struct Accepted {
+    chunks: Vec<UploadChunk>,
+    reply: flume::Sender<Result<Uploaded>>,
+}
+
+/// One bundle on its way: its key and body, and the requests it answers.
+struct Job {
+    key: Arc<str>,
+    body: Bytes,
+    /// Each request with its chunks' placements, in the request's order.
+    requests: Vec<(Accepted, Vec<Placement>)>,
+    chunks: u64,
+}
+
+/// The uploader thread's state. Lives on that thread only.
+struct Engine {
+    store: Arc<dyn ObjectStore>,
+    config: UploaderConfig,
+    key_prefix: String,
+    shared: Arc<Shared>,
+    rx: flume::Receiver<Message>,
+    /// Requests waiting for a bundle, in arrival order.
+    pending: Vec<Accepted>,
+    /// Their slots' bytes.
+    pending_bytes: u64,
+    /// When the oldest of them arrived: the delay cut counts from it.
+    pending_since: Option<Instant>,
+    in_flight: JoinSet<()>,
+}
+
+impl Engine {
+    async fn run(mut self) {
+        let mut drain_until: Option<tokio::time::Instant> = None;
+        loop {
+            let now = Instant::now();
+            while self.in_flight.len() < self.config.uploads_in_flight_max {
+                let Some(cut) = self.cut_due(now, drain_until.is_some()) else { break };
+                let c = &self.shared.counters;
+                match cut {
+                    Cut::Size => c.cut_by_size.fetch_add(1, Ordering::Relaxed),
+                    Cut::Delay => c.cut_by_delay.fetch_add(1, Ordering::Relaxed),
+                    Cut::Stop => c.cut_by_stop.fetch_add(1, Ordering::Relaxed),
+                };
+                self.cut_and_send();
+            }
+            if drain_until.is_some() && self.pending.is_empty() && self.in_flight.is_empty() {
+                break;
+            }
+            // Intake pauses while a full bundle waits for an upload slot: that bounds the
+            // bytes held here and pushes back on the shards through the channel.
+            let intake =
+                drain_until.is_none() && self.pending_bytes < self.config.bundle_bytes_target;
+            let slot_free = self.in_flight.len() < self.config.uploads_in_flight_max;
+            let cut_at = self
+                .pending_since
+                .filter(|_| slot_free)
+                .map(|since| since + self.config.bundle_delay);
+            // Never-firing stand-ins for timers that are off (select! evaluates them).
+            let far = tokio::time::Instant::now() + Duration::from_secs(86_400);
+            tokio::select! {
+                biased;
+                Some(_) = self.in_flight.join_next(), if !self.in_flight.is_empty() => {}
+                message = self.rx.recv_async(), if intake => match message {
+                    Ok(Message::Upload(request)) => self.accept(request),
+                    // Stop, or every handle gone: finish what is held, for at most the drain.
+                    Ok(Message::Stop) | Err(_) => {
+                        drain_until = Some(tokio::time::Instant::now() + self.config.drain);
+                    }
+                },
+                () = tokio::time::sleep_until(cut_at.map_or(far, tokio::time::Instant::from_std)), if cut_at.is_some() => {}
+                () = tokio::time::sleep_until(drain_until.unwrap_or(far)), if drain_until.is_some() => {
+                    // Out of time: whatever is not durable is answered unavailable (its
+                    // reply sender dropped with its task or here).
+                    self.in_flight.abort_all();
+                    while self.in_flight.join_next().await.is_some() {}
+                    self.shared.counters.in_flight.store(0, Ordering::Relaxed);
+                    for request in self.pending.drain(..) {
+                        let _ = request.reply.send(Err(stopped()));
+                    }
+                    break;
+                }
+            }
+        }
+        // Requests queued after the stop are dropped with the receiver: their senders
+        // see the channel gone and answer themselves unavailable.
+    }
+
+    /// Whether (and why) the pending requests go out as a bundle now.
+    fn cut_due(&self, now: Instant, draining: bool) -> Option<Cut> {
+        let since = self.pending_since?;
+        if self.pending_bytes >= self.config.bundle_bytes_target {
+            Some(Cut::Size)
+        } else if now.duration_since(since) >= self.config.bundle_delay {
+            Some(Cut::Delay)
+        } else {
+            draining.then_some(Cut::Stop)
+        }
+    }
+
+    /// Envelopes a request's chunks and checks they make a bundle on their own, so that
+    /// later a push can only fail against another request's slots.
+    fn accept(&mut self, request: Request) {
+        let Request { mut chunks, reply } = request;
+        let mut check = BundleBuilder::new(BundleId::default(), 0);
+        let mut bytes = 0u64;
+        for chunk in &mut chunks {
+            let checked = transit::envelop(&mut chunk.chunk, chunk.leader_epoch)
+                .map_err(PushRefused::Slot)
+                .and_then(|_| check.push(transit::slot_bytes(&chunk.chunk)));
+            if let Err(refused) = checked {
+                // The submitter may have given up waiting; nothing else to do.
+                let _ = reply.send(Err(Error::UploadRefused(refused)));
+                return;
+            }
+            bytes += transit::slot_bytes(&chunk.chunk).len() as u64;
+        }
+        self.pending_since.get_or_insert_with(Instant::now);
+        self.pending_bytes += bytes;
+        self.pending.push(Accepted { chunks, reply });
+    }
+
+    /// Lays out every pending request in one bundle (deferring to the next bundle a
+    /// request whose slots collide with an earlier one's) and starts its upload.
+    fn cut_and_send(&mut self) {
+        let mut taken = std::mem::take(&mut self.pending);
+        let mut deferred = Vec::new();
+        let (bundle_id, written_at_ms) = (new_bundle_id(), now_ms());
+        // Each pass either lays out everything or moves one request out: bounded.
+        let (layout, pushes) = loop {
+            let mut builder = BundleBuilder::new(bundle_id, written_at_ms);
+            let mut pushes: Vec<Vec<u32>> = Vec::with_capacity(taken.len());
+            let mut collided = None;
+            'requests: for (at, request) in taken.iter().enumerate() {
+                let mut numbers = Vec::with_capacity(request.chunks.len());
+                for chunk in &request.chunks {
+                    match builder.push(transit::slot_bytes(&chunk.chunk)) {
+                        Ok(push) => numbers.push(push),
+                        Err(_) => {
+                            collided = Some(at);
+                            break 'requests;
+                        }
+                    }
+                }
+                pushes.push(numbers);
+            }
+            match collided {
+                Some(at) => deferred.push(taken.remove(at)),
+                None => break (builder.finish(), pushes),
+            }
+        };
+        self.pending_bytes = deferred
+            .iter()
+            .flat_map(|r| &r.chunks)
+            .map(|c| transit::slot_bytes(&c.chunk).len() as u64)
+            .sum();
+        self.pending_since = (!deferred.is_empty()).then(Instant::now);
+        self.pending = deferred;
+        // `taken` is never empty here (a cut needs pending requests, and a request alone
+        // always lays out), but a layout of nothing is simply nothing to send.
+        let Some(layout) = layout else { return };
+        let key: Arc<str> = format!("{}{}", self.key_prefix, layout.key()).into();
+        let slots: Vec<&[u8]> =
+            taken.iter().flat_map(|r| &r.chunks).map(|c| transit::slot_bytes(&c.chunk)).collect();
+        // The one copy: the store takes one contiguous body.
+        let body = Bytes::from(layout.assemble(&slots));
+        drop(slots);
+        let mut chunks = 0u64;
+        let requests = taken
+            .into_iter()
+            .zip(pushes)
+            .map(|(request, numbers)| {
+                chunks += numbers.len() as u64;
+                let placements = numbers
+                    .iter()
+                    .map(|&push| {
+                        let entry = layout.entry_of(push);
+                        Placement {
+                            key: Arc::clone(&key),
+                            offset: entry.offset,
+                            length: u64::from(entry.len),
+                            stream_id: entry.stream_id,
+                            first_seq_num: entry.first_seq_num,
+                            record_count: entry.record_count,
+                        }
+                    })
+                    .collect();
+                (request, placements)
+            })
+            .collect();
+        let job = Job { key, body, requests, chunks };
+        self.shared.counters.in_flight.fetch_add(1, Ordering::Relaxed);
+        self.in_flight.spawn(upload(
+            Arc::clone(&self.store),
+            Arc::clone(&self.shared),
+            self.config.backoff_initial,
+            self.config.backoff_max,
+            job,
+        ));
+    }
+}
+
+/// Writes one bundle, retrying until it is durable (or refused for good), then answers
+/// its requests.
+async fn upload(
+    store: Arc<dyn ObjectStore>,
+    shared: Arc<Shared>,
+    backoff_initial: Duration,
+    backoff_max: Duration,
+    job: Job,
+) {
+    let started = Instant::now();
+    let counters = &shared.counters;
+    let mut ceiling = backoff_initial;
+    let outcome = loop {
+        counters.put_attempts.fetch_add(1, Ordering::Relaxed);
+        let failure = match store.put(&job.key, job.body.clone(), PutCondition::CreateOnly).await {
+            Ok(()) => break Ok(()),
+            // The key is ours alone (a random bundle ID): an earlier attempt landed
+            // although its answer was lost. Durable if the object is exactly ours.
+            Err(e) if e.kind() == ErrorKind::AlreadyExists => {
+                match store.get(&job.key, ByteRange::All).await {
+                    Ok(found) if found == job.body => break Ok(()),
+                    Ok(found) => {
+                        break Err(format!(
+                            "another object of {} bytes is under its key",
+                            found.len()
+                        ));
+                    }
+                    Err(get) => format!("{e}; then {get}"),
+                }
+            }
+            // Retrying the same request cannot succeed.
+            Err(e) if e.kind() == ErrorKind::Invalid => break Err(e.to_string()),
+            // Unavailable, and also refused (credentials, a missing bucket): an operator
+            // may fix those while the memory budget upstream bounds what waits.
+            Err(e) => e.to_string(),
+        };
+        counters.put_failures.fetch_add(1, Ordering::Relaxed);
+        *lock(&shared.last_put_error) = Some(failure);
+        tokio::time::sleep(jittered(ceiling)).await;
+        ceiling = ceiling.saturating_mul(2).min(backoff_max);
+    };
+    counters.in_flight.fetch_sub(1, Ordering::Relaxed);
+    let Job { key, body, requests, chunks } = job;
+    match outcome {
+        Ok(()) => {
+            counters.bundles.fetch_add(1, Ordering::Relaxed);
+            counters.bundle_bytes.fetch_add(body.len() as u64, Ordering::Relaxed);
+            counters.chunks.fetch_add(chunks, Ordering::Relaxed);
+            counters.requests.fetch_add(requests.len() as u64, Ordering::Relaxed);
+            {
+                let mut h = lock(&shared.histograms);
+                h.chunks_per_bundle.saturating_record(chunks);
+                let us = u64::try_from(started.elapsed().as_micros()).unwrap_or(u64::MAX);
+                h.put_latency_us.saturating_record(us.max(1));
+            }
+            for (request, placements) in requests {
+                let chunks = request.chunks.into_iter().map(|c| c.chunk).collect();
+                // A submitter that gave up waiting no longer needs the answer.
+                let _ = request.reply.send(Ok(Uploaded { placements, chunks }));
+            }
+        }
+        Err(reason) => {
+            for (request, _) in requests {
+                let error =
+                    Error::BundleUploadFailed { key: key.to_string(), reason: reason.clone() };
+                let _ = request.reply.send(Err(error));
+            }
+        }
+    }
+}
+
+/// A random point in the upper half of `ceiling`: spreads retries of many bundles.
+fn jittered(ceiling: Duration) -> Duration {
+    let half = ceiling / 2;
+    let nanos = u64::try_from(half.as_nanos()).unwrap_or(u64::MAX);
+    half + Duration::from_nanos(fastrand::u64(0..=nanos))
+}
+
+/// 16 random bytes from the OS; should the OS source fail, from a seeded generator,
+/// which still makes a collision unlikely, and a create-only PUT refuses one anyway.
+fn new_bundle_id() -> BundleId {
+    let mut id = [0u8; 16];
+    if getrandom::fill(&mut id).is_err() {
+        id = fastrand::u128(..).to_le_bytes();
+    }
+    BundleId(id)
+}
+
+fn now_ms() -> u64 {
+    SystemTime::now()
+        .duration_since(UNIX_EPOCH)
+        .map_or(0, |d| u64::try_from(d.as_millis()).unwrap_or(u64::MAX))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn jitter_stays_in_the_upper_half() {
+        for ms in [1u64, 2, 100, 5_000] {
+            let ceiling = Duration::from_millis(ms);
+            for _ in 0..100 {
+                let pause = jittered(ceiling);
+                assert!(pause >= ceiling / 2 && pause <= ceiling, "{pause:?} of {ceiling:?}");
+            }
+        }
+        assert_eq!(jittered(Duration::ZERO), Duration::ZERO);
+    }
+
+    #[test]
+    fn placement_ranges() {
+        let placement = Placement {
+            key: "k".into(),
+            offset: 100,
+            length: 200,
+            stream_id: StreamId([1; 16]),
+            first_seq_num: 0,
+            record_count: 1,
+        };
+        assert_eq!(placement.range(), 100..300);
+        assert_eq!(placement.chunk_range(), 164..300);
+    }
+
+    #[test]
+    fn defaults_come_from_the_knobs() {
+        let config = UploaderConfig::default();
+        assert_eq!(config.bundle_bytes_target, tuning::BUNDLE_BYTES_TARGET.default);
+        assert_eq!(config.bundle_delay, Duration::from_millis(tuning::BUNDLE_DELAY_MS.default));
+        assert_eq!(config.core, None);
+    }
+}
