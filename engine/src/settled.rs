@@ -47,11 +47,11 @@ use std::ops::Range;
 
 use crate::chunk::{self, ChunkHeader, ENVELOPE_LEN};
 use crate::ids::StreamId;
+use crate::le::{u16_at, u32_at, u64_at};
 use crate::limits::SEQ_NUM_MAX;
 use crate::names::BucketName;
 use crate::transit::{
-    SLOT_LEN_MIN, Slot, SlotCorruption, SlotEnvelope, parse_lower_hex16, parse_padded_u64, u16_at,
-    u32_at, u64_at,
+    SLOT_LEN_MIN, Slot, SlotCorruption, SlotEnvelope, parse_lower_hex16, parse_padded_u64,
 };
 
 /// `"NVSO"`: the first four bytes of a settled object's footer.

@@ -61,6 +61,7 @@ use crate::chunk::{
     self, Chunk, ChunkHeader, ChunkStorage, DIR_ENTRY_LEN, ENVELOPE_LEN, SealedChunk,
 };
 use crate::ids::StreamId;
+use crate::le::{u16_at, u32_at, u64_at};
 use crate::limits::SEQ_NUM_MAX;
 
 /// `"NVSL"`: the first four bytes of every slot envelope.
@@ -123,21 +124,6 @@ const _: () = assert!(FOOTER_LEN == 64);
 /// The key prefix of every transit bundle. A leading `_` is never part of a bucket name
 /// (names.rs), so no settled object (`<bucket>/...`) ever lands under it.
 pub const TRANSIT_PREFIX: &str = "_transit/";
-
-#[inline]
-pub(crate) fn u32_at(bytes: &[u8], at: usize) -> u32 {
-    u32::from_le_bytes(bytes[at..at + 4].try_into().expect("4-byte slice"))
-}
-
-#[inline]
-pub(crate) fn u64_at(bytes: &[u8], at: usize) -> u64 {
-    u64::from_le_bytes(bytes[at..at + 8].try_into().expect("8-byte slice"))
-}
-
-#[inline]
-pub(crate) fn u16_at(bytes: &[u8], at: usize) -> u16 {
-    u16::from_le_bytes([bytes[at], bytes[at + 1]])
-}
 
 /// Whether records `first, first + 1, ..., first + count - 1` stay within the sequence
 /// numbers (`count >= 1`).
