@@ -35,8 +35,9 @@
 //! own bytes sent as they are.
 
 use crate::aligned::AlignedBuf;
+use crate::fixed::{self, Fixed, FixedFault};
 use crate::ids::StreamId;
-use crate::le::{u16_at, u32_at, u64_at};
+use crate::le::{u32_at, u64_at};
 use crate::limits::SEQ_NUM_MAX;
 use crate::record;
 
@@ -45,8 +46,8 @@ pub const MAGIC: [u8; 4] = *b"NVCK";
 /// The one chunk format version this build reads and writes.
 pub const FORMAT_VERSION: u16 = 1;
 
-const MAGIC_AT: usize = 0;
-const VERSION_AT: usize = MAGIC_AT + 4;
+const MAGIC_AT: usize = fixed::MAGIC_AT;
+const VERSION_AT: usize = fixed::VERSION_AT;
 const RESERVED_A_AT: usize = VERSION_AT + 2;
 const STREAM_ID_AT: usize = RESERVED_A_AT + 2;
 const FIRST_SEQ_AT: usize = STREAM_ID_AT + 16;
@@ -333,25 +334,18 @@ impl ChunkHeader {
                 needed: HEADER_LEN as u64,
             });
         };
-        let found: [u8; 4] = header[MAGIC_AT..VERSION_AT].try_into().expect("4 bytes");
-        if found != MAGIC {
-            return Err(Corruption::BadMagic { found });
-        }
-        let version = u16_at(header, VERSION_AT);
-        if version != FORMAT_VERSION {
-            return Err(Corruption::UnknownVersion { version });
-        }
-        let stored = u32_at(header, HEADER_CRC_AT);
-        let computed = crc32fast::hash(&header[..HEADER_CRC_AT]);
-        if stored != computed {
-            return Err(Corruption::HeaderCrc { stored, computed });
-        }
-        for offset in [RESERVED_A_AT, RESERVED_B_AT] {
-            let width = if offset == RESERVED_A_AT { 2 } else { 4 };
-            if header[offset..offset + width].iter().any(|&b| b != 0) {
-                return Err(Corruption::ReservedNotZero { offset: offset as u8 });
-            }
-        }
+        const SHAPE: Fixed<'static> = Fixed {
+            magic: MAGIC,
+            version: FORMAT_VERSION,
+            crc_at: HEADER_CRC_AT,
+            reserved: &[(RESERVED_A_AT, 2), (RESERVED_B_AT, 4)],
+        };
+        SHAPE.check(header).map_err(|fault| match fault {
+            FixedFault::BadMagic { found } => Corruption::BadMagic { found },
+            FixedFault::UnknownVersion { version } => Corruption::UnknownVersion { version },
+            FixedFault::Crc { stored, computed } => Corruption::HeaderCrc { stored, computed },
+            FixedFault::ReservedNotZero { offset } => Corruption::ReservedNotZero { offset },
+        })?;
         let parsed = Self {
             stream_id: StreamId(header[STREAM_ID_AT..FIRST_SEQ_AT].try_into().expect("16 bytes")),
             first_seq_num: u64_at(header, FIRST_SEQ_AT),

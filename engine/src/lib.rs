@@ -14,6 +14,7 @@ pub mod batch;
 pub mod chunk;
 pub mod control;
 pub mod error;
+mod fixed;
 pub mod framing;
 #[cfg(test)]
 mod golden;

@@ -46,8 +46,9 @@ use std::fmt;
 use std::ops::Range;
 
 use crate::chunk::{self, ChunkHeader, ENVELOPE_LEN};
+use crate::fixed::{self, Fixed, FixedFault};
 use crate::ids::StreamId;
-use crate::le::{u16_at, u32_at, u64_at};
+use crate::le::{u32_at, u64_at};
 use crate::limits::SEQ_NUM_MAX;
 use crate::names::BucketName;
 use crate::transit::{
@@ -69,8 +70,8 @@ pub const INDEX_ENTRY_LEN: usize = ENTRY_LEN_AT + 4;
 
 const _: () = assert!(INDEX_ENTRY_LEN == 32);
 
-const MAGIC_AT: usize = 0;
-const VERSION_AT: usize = MAGIC_AT + 4;
+const MAGIC_AT: usize = fixed::MAGIC_AT;
+const VERSION_AT: usize = fixed::VERSION_AT;
 const RESERVED_A_AT: usize = VERSION_AT + 2;
 const STREAM_ID_AT: usize = RESERVED_A_AT + 2;
 const FIRST_SEQ_AT: usize = STREAM_ID_AT + 16;
@@ -358,24 +359,18 @@ impl SettledFooter {
                 needed: FOOTER_LEN as u64,
             });
         };
-        let found: [u8; 4] = bytes[MAGIC_AT..VERSION_AT].try_into().expect("4 bytes");
-        if found != FOOTER_MAGIC {
-            return Err(Corruption::FooterBadMagic { found });
-        }
-        let version = u16_at(bytes, VERSION_AT);
-        if version != FORMAT_VERSION {
-            return Err(Corruption::FooterUnknownVersion { version });
-        }
-        let stored = u32_at(bytes, FOOTER_CRC_AT);
-        let computed = crc32fast::hash(&bytes[..FOOTER_CRC_AT]);
-        if stored != computed {
-            return Err(Corruption::FooterCrc { stored, computed });
-        }
-        for (offset, width) in [(RESERVED_A_AT, 2), (RESERVED_B_AT, 4)] {
-            if bytes[offset..offset + width].iter().any(|&b| b != 0) {
-                return Err(Corruption::FooterReservedNotZero { offset: offset as u8 });
-            }
-        }
+        const SHAPE: Fixed<'static> = Fixed {
+            magic: FOOTER_MAGIC,
+            version: FORMAT_VERSION,
+            crc_at: FOOTER_CRC_AT,
+            reserved: &[(RESERVED_A_AT, 2), (RESERVED_B_AT, 4)],
+        };
+        SHAPE.check(bytes).map_err(|fault| match fault {
+            FixedFault::BadMagic { found } => Corruption::FooterBadMagic { found },
+            FixedFault::UnknownVersion { version } => Corruption::FooterUnknownVersion { version },
+            FixedFault::Crc { stored, computed } => Corruption::FooterCrc { stored, computed },
+            FixedFault::ReservedNotZero { offset } => Corruption::FooterReservedNotZero { offset },
+        })?;
         let footer = Self {
             stream_id: StreamId(bytes[STREAM_ID_AT..FIRST_SEQ_AT].try_into().expect("16 bytes")),
             first_seq_num: u64_at(bytes, FIRST_SEQ_AT),

@@ -60,6 +60,7 @@ use std::ops::Range;
 use crate::chunk::{
     self, Chunk, ChunkHeader, ChunkStorage, DIR_ENTRY_LEN, ENVELOPE_LEN, SealedChunk,
 };
+use crate::fixed::{self, Fixed, FixedFault};
 use crate::ids::StreamId;
 use crate::le::{u16_at, u32_at, u64_at};
 use crate::limits::SEQ_NUM_MAX;
@@ -106,8 +107,8 @@ pub const INDEX_ENTRY_LEN: usize = ENTRY_LEN_AT + 4;
 
 const _: () = assert!(INDEX_ENTRY_LEN == 56);
 
-const FOOTER_MAGIC_AT: usize = 0;
-const FOOTER_VERSION_AT: usize = FOOTER_MAGIC_AT + 4;
+const FOOTER_MAGIC_AT: usize = fixed::MAGIC_AT;
+const FOOTER_VERSION_AT: usize = fixed::VERSION_AT;
 const FOOTER_RESERVED_A_AT: usize = FOOTER_VERSION_AT + 2;
 const BUNDLE_ID_AT: usize = FOOTER_RESERVED_A_AT + 2;
 const WRITTEN_AT_AT: usize = BUNDLE_ID_AT + 16;
@@ -708,24 +709,18 @@ impl BundleFooter {
                 needed: FOOTER_LEN as u64,
             });
         };
-        let found: [u8; 4] = bytes[FOOTER_MAGIC_AT..FOOTER_VERSION_AT].try_into().expect("4");
-        if found != FOOTER_MAGIC {
-            return Err(Corruption::FooterBadMagic { found });
-        }
-        let version = u16_at(bytes, FOOTER_VERSION_AT);
-        if version != BUNDLE_FORMAT_VERSION {
-            return Err(Corruption::FooterUnknownVersion { version });
-        }
-        let stored = u32_at(bytes, FOOTER_CRC_AT);
-        let computed = crc32fast::hash(&bytes[..FOOTER_CRC_AT]);
-        if stored != computed {
-            return Err(Corruption::FooterCrc { stored, computed });
-        }
-        for (offset, width) in [(FOOTER_RESERVED_A_AT, 2), (FOOTER_RESERVED_B_AT, 12)] {
-            if bytes[offset..offset + width].iter().any(|&b| b != 0) {
-                return Err(Corruption::FooterReservedNotZero { offset: offset as u8 });
-            }
-        }
+        const SHAPE: Fixed<'static> = Fixed {
+            magic: FOOTER_MAGIC,
+            version: BUNDLE_FORMAT_VERSION,
+            crc_at: FOOTER_CRC_AT,
+            reserved: &[(FOOTER_RESERVED_A_AT, 2), (FOOTER_RESERVED_B_AT, 12)],
+        };
+        SHAPE.check(bytes).map_err(|fault| match fault {
+            FixedFault::BadMagic { found } => Corruption::FooterBadMagic { found },
+            FixedFault::UnknownVersion { version } => Corruption::FooterUnknownVersion { version },
+            FixedFault::Crc { stored, computed } => Corruption::FooterCrc { stored, computed },
+            FixedFault::ReservedNotZero { offset } => Corruption::FooterReservedNotZero { offset },
+        })?;
         let footer = Self {
             bundle_id: BundleId(bytes[BUNDLE_ID_AT..WRITTEN_AT_AT].try_into().expect("16")),
             written_at_ms: u64_at(bytes, WRITTEN_AT_AT),
