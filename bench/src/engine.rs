@@ -189,6 +189,7 @@ pub fn run(quick: bool) {
     let cases: &[(&str, usize, usize)] = &[
         ("16-record batches, 8 producers", 16, 8),
         ("256-record batches, 8 producers", 256, 8),
+        ("256-record batches, 32 producers", 256, 32),
         ("1-record batches, 32 producers", 1, 32),
     ];
     let outcomes: Vec<Outcome> = cases
