@@ -433,9 +433,10 @@ impl Client {
             let record = match self.control.resolve(bucket, key, Door::Observe).await {
                 Ok(created) => created.record,
                 // No live stream at the address: the control plane knows whether one was
-                // deleted there (success) or never existed (not found).
+                // deleted there (success) or never existed (not found). It deletes
+                // nothing: only a leader deletes, after fencing its stream.
                 Err(Error::StreamNotFound { .. }) => {
-                    return self.control.delete_stream(bucket, key, None).await.map(drop);
+                    return self.control.deleted_before(bucket, key).await.map(drop);
                 }
                 Err(other) => return Err(other),
             };

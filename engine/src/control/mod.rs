@@ -639,7 +639,10 @@ impl<S: MetaStore> ControlPlane<S> {
 
     /// An empty address: success if its last stream was deleted in this incarnation of
     /// the bucket, else not found.
-    async fn deleted_before(&self, bucket: &BucketName, key: &StreamKey) -> Result<Deleted> {
+    /// Whether a stream was deleted at this address and none lives there since: the
+    /// answer a DeleteStream of an empty address gives (success for a deleted stream,
+    /// [`Error::StreamNotFound`] for an address that never held one). Deletes nothing.
+    pub async fn deleted_before(&self, bucket: &BucketName, key: &StreamKey) -> Result<Deleted> {
         let (bucket_row, _) =
             self.read_bucket(bucket).await?.ok_or_else(|| Error::bucket_not_found(bucket))?;
         let marker_key = keys::deleted(bucket, key);
