@@ -32,6 +32,8 @@ pub mod record;
 pub mod settled;
 pub mod shard;
 pub mod stream;
+#[cfg(test)]
+mod test_support;
 pub mod throughput;
 pub mod timestamp;
 pub mod transit;

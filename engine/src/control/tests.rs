@@ -5,12 +5,10 @@
 
 use std::collections::{BTreeMap, BTreeSet, VecDeque};
 use std::future::Future;
-use std::pin::pin;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, Barrier, Mutex};
-use std::task::{Context, Poll, Wake, Waker};
 use std::thread;
-use std::time::{Duration, Instant};
+use std::time::Instant;
 
 use super::rows::{BucketRow, BucketState, DeletedRow, StreamRow};
 use super::*;
@@ -18,34 +16,10 @@ use crate::error::Code;
 use crate::meta::{RedbMetaOptions, RedbMetaStore, ScanPage, Versioned, Write};
 use crate::options::{BATCH_MAX_DELAY_MS_DEFAULT, ProducerPolicy, StorageClass, TimestampingMode};
 
-/// No test future may take longer than this; a stalled round trip fails the test.
-const STALL_LIMIT: Duration = Duration::from_secs(60);
 /// The test clock's time at start.
 const START_MS: u64 = 1_700_000_000_000;
 
-struct ThreadWaker(thread::Thread);
-
-impl Wake for ThreadWaker {
-    fn wake(self: Arc<Self>) {
-        self.0.unpark();
-    }
-}
-
-/// Drives a future on this thread. May nest (a hook runs a verb inside another's poll).
-fn block_on<T>(future: impl Future<Output = T>) -> T {
-    let mut future = pin!(future);
-    let waker = Waker::from(Arc::new(ThreadWaker(thread::current())));
-    let mut cx = Context::from_waker(&waker);
-    let deadline = Instant::now() + STALL_LIMIT;
-    loop {
-        if let Poll::Ready(value) = future.as_mut().poll(&mut cx) {
-            return value;
-        }
-        let now = Instant::now();
-        assert!(now < deadline, "a control-plane future stalled for {STALL_LIMIT:?}");
-        thread::park_timeout(deadline - now);
-    }
-}
+use crate::test_support::{STALL_LIMIT, block_on};
 
 /// IDs in a scripted order, then distinct IDs from a counter.
 #[derive(Default)]

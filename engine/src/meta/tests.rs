@@ -5,24 +5,15 @@ use std::collections::BTreeMap;
 use std::future::Future;
 use std::pin::Pin;
 use std::sync::{Arc, Barrier};
-use std::task::{Context, Poll, Wake, Waker};
+use std::task::{Context, Poll, Waker};
 use std::thread;
-use std::time::{Duration, Instant};
+use std::time::Instant;
 
 use proptest::prelude::*;
 
 use super::*;
 
-/// No test future may take longer than this to resolve; a stalled round trip fails.
-const STALL_LIMIT: Duration = Duration::from_secs(60);
-
-struct ThreadWaker(thread::Thread);
-
-impl Wake for ThreadWaker {
-    fn wake(self: Arc<Self>) {
-        self.0.unpark();
-    }
-}
+use crate::test_support::{STALL_LIMIT, WakeFlag};
 
 type BoxFuture<'a, T> = Pin<Box<dyn Future<Output = T> + Send + 'a>>;
 
@@ -38,11 +29,13 @@ fn join_in_order_then<T>(
     after_first_polls: impl FnOnce(),
 ) -> Vec<T> {
     let mut after_first_polls = Some(after_first_polls);
-    let waker = Waker::from(Arc::new(ThreadWaker(thread::current())));
+    let flag = WakeFlag::new();
+    let waker = Waker::from(Arc::clone(&flag));
     let mut cx = Context::from_waker(&waker);
     let mut outputs: Vec<Option<T>> = futures.iter().map(|_| None).collect();
     let deadline = Instant::now() + STALL_LIMIT;
     loop {
+        flag.wait(deadline);
         for (future, output) in futures.iter_mut().zip(outputs.iter_mut()) {
             if output.is_none()
                 && let Poll::Ready(value) = future.as_mut().poll(&mut cx)
@@ -56,9 +49,6 @@ fn join_in_order_then<T>(
         if outputs.iter().all(Option::is_some) {
             return outputs.into_iter().flatten().collect();
         }
-        let now = Instant::now();
-        assert!(now < deadline, "a metadata future stalled for {STALL_LIMIT:?}");
-        thread::park_timeout(deadline - now);
     }
 }
 

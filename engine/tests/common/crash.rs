@@ -8,6 +8,7 @@ use std::io::{BufRead, BufReader};
 use std::pin::pin;
 use std::process::{Command, Stdio};
 use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::task::{Context, Poll, Wake, Waker};
 use std::thread;
 use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
@@ -47,11 +48,18 @@ impl Rng {
     }
 }
 
-struct ThreadWaker(thread::Thread);
+/// A waker that records that it fired, then unparks its thread: a driver checks its own
+/// flag before every park, so no wake-up is lost to a nested wait taking the thread's
+/// unpark token (the same driver as the library's `test_support`).
+struct WakeFlag {
+    thread: thread::Thread,
+    woken: AtomicBool,
+}
 
-impl Wake for ThreadWaker {
+impl Wake for WakeFlag {
     fn wake(self: Arc<Self>) {
-        self.0.unpark();
+        self.woken.store(true, Ordering::SeqCst);
+        self.thread.unpark();
     }
 }
 
@@ -59,16 +67,19 @@ impl Wake for ThreadWaker {
 /// test (a stall, not a slow machine).
 pub fn block_on<T>(future: impl Future<Output = T>) -> T {
     let mut future = pin!(future);
-    let waker = Waker::from(Arc::new(ThreadWaker(thread::current())));
+    let flag = Arc::new(WakeFlag { thread: thread::current(), woken: AtomicBool::new(true) });
+    let waker = Waker::from(Arc::clone(&flag));
     let mut cx = Context::from_waker(&waker);
     let deadline = Instant::now() + STALL_LIMIT;
     loop {
+        while !flag.woken.swap(false, Ordering::SeqCst) {
+            let now = Instant::now();
+            assert!(now < deadline, "a future stalled for {STALL_LIMIT:?}");
+            thread::park_timeout(deadline - now);
+        }
         if let Poll::Ready(value) = future.as_mut().poll(&mut cx) {
             return value;
         }
-        let now = Instant::now();
-        assert!(now < deadline, "a future stalled for {STALL_LIMIT:?}");
-        thread::park_timeout(deadline - now);
     }
 }
 
