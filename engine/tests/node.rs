@@ -183,6 +183,16 @@ fn conditions_fence_trim_and_errors() {
     assert_eq!((err.code(), err.next_seq_num()), (Code::FailedPrecondition, Some(2)));
     assert_eq!(block_on(client.check_tail(&bucket, &key)).expect("tail").seq_num, 2, "no trace");
 
+    // A fencing token over 36 bytes is refused whole, naming the limit.
+    let long = "t".repeat(37);
+    let too_long = AppendConditions { fencing_token: Some(&long), ..Default::default() };
+    let err = block_on(client.append(&bucket, &key, batch(&[b"c".to_vec()], too_long)))
+        .expect_err("too long");
+    assert_eq!(err.code(), Code::InvalidArgument);
+    assert!(err.to_string().contains("36"), "{err}");
+    let err = block_on(client.fence(&bucket, &key, long.clone(), None)).expect_err("too long");
+    assert_eq!(err.code(), Code::InvalidArgument);
+
     // Fence with an expected token that is wrong, then right.
     let err =
         block_on(client.fence(&bucket, &key, "t1".into(), Some("nope".into()))).expect_err("wrong");
