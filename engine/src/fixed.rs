@@ -28,17 +28,28 @@ pub(crate) enum FixedFault {
     ReservedNotZero { offset: u8 },
 }
 
+/// The first two checks alone, for a header whose CRC covers more than itself (a slot
+/// envelope's covers the chunk that follows it).
+pub(crate) fn check_magic_version(
+    bytes: &[u8],
+    magic: [u8; 4],
+    version: u16,
+) -> Result<(), FixedFault> {
+    let found: [u8; 4] = bytes[MAGIC_AT..VERSION_AT].try_into().expect("4 bytes");
+    if found != magic {
+        return Err(FixedFault::BadMagic { found });
+    }
+    let found_version = u16_at(bytes, VERSION_AT);
+    if found_version != version {
+        return Err(FixedFault::UnknownVersion { version: found_version });
+    }
+    Ok(())
+}
+
 impl Fixed<'_> {
     /// Checks `bytes` (at least `crc_at + 4` long: the caller sliced the header).
     pub(crate) fn check(&self, bytes: &[u8]) -> Result<(), FixedFault> {
-        let found: [u8; 4] = bytes[MAGIC_AT..VERSION_AT].try_into().expect("4 bytes");
-        if found != self.magic {
-            return Err(FixedFault::BadMagic { found });
-        }
-        let version = u16_at(bytes, VERSION_AT);
-        if version != self.version {
-            return Err(FixedFault::UnknownVersion { version });
-        }
+        check_magic_version(bytes, self.magic, self.version)?;
         let stored = u32_at(bytes, self.crc_at);
         let computed = crc32fast::hash(&bytes[..self.crc_at]);
         if stored != computed {

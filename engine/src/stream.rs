@@ -388,11 +388,6 @@ impl<B: ChunkStorage, L: Clone> Leader<B, L> {
             || (records_max != 0 && self.open_records() >= records_max)
     }
 
-    /// Whether anything is sequenced and not yet handed out for durability.
-    pub fn has_unsealed(&self) -> bool {
-        !self.sealed.is_empty() || self.open_records() > 0
-    }
-
     /// Seals the open chunk and hands out every sealed chunk, in order, to be made
     /// durable. Each must come back through [`Leader::on_durable`] in this order.
     pub fn take_sealed(&mut self) -> Vec<SealedChunk<B>> {

@@ -62,7 +62,7 @@ use crate::chunk::{
 };
 use crate::fixed::{self, Fixed, FixedFault};
 use crate::ids::StreamId;
-use crate::le::{u16_at, u32_at, u64_at};
+use crate::le::{u32_at, u64_at};
 use crate::limits::SEQ_NUM_MAX;
 
 /// `"NVSL"`: the first four bytes of every slot envelope.
@@ -74,8 +74,8 @@ pub const FOOTER_MAGIC: [u8; 4] = *b"NVTB";
 /// The one bundle (index and footer) format version this build reads and writes.
 pub const BUNDLE_FORMAT_VERSION: u16 = 1;
 
-const MAGIC_AT: usize = 0;
-const VERSION_AT: usize = MAGIC_AT + 4;
+const MAGIC_AT: usize = fixed::MAGIC_AT;
+const VERSION_AT: usize = fixed::VERSION_AT;
 const RESERVED_A_AT: usize = VERSION_AT + 2;
 const STREAM_ID_AT: usize = RESERVED_A_AT + 2;
 const FIRST_SEQ_AT: usize = STREAM_ID_AT + 16;
@@ -463,14 +463,15 @@ impl SlotEnvelope {
 
     /// Magic and version, then the fields as they are.
     fn decode(bytes: &[u8; ENVELOPE_LEN]) -> Result<Self, SlotCorruption> {
-        let found: [u8; 4] = bytes[MAGIC_AT..VERSION_AT].try_into().expect("4 bytes");
-        if found != SLOT_MAGIC {
-            return Err(SlotCorruption::BadMagic { found });
-        }
-        let version = u16_at(bytes, VERSION_AT);
-        if version != SLOT_FORMAT_VERSION {
-            return Err(SlotCorruption::UnknownVersion { version });
-        }
+        fixed::check_magic_version(bytes, SLOT_MAGIC, SLOT_FORMAT_VERSION).map_err(|fault| {
+            match fault {
+                FixedFault::BadMagic { found } => SlotCorruption::BadMagic { found },
+                FixedFault::UnknownVersion { version } => {
+                    SlotCorruption::UnknownVersion { version }
+                }
+                other => unreachable!("magic and version checks only: {other:?}"),
+            }
+        })?;
         Ok(Self {
             stream_id: StreamId(bytes[STREAM_ID_AT..FIRST_SEQ_AT].try_into().expect("16 bytes")),
             first_seq_num: u64_at(bytes, FIRST_SEQ_AT),

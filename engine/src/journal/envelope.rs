@@ -30,6 +30,7 @@
 //! follow which (the chain, the epochs) is the recovery's rule (`recovery.rs`).
 
 use crate::chunk::ENVELOPE_LEN;
+use crate::fixed::{self, Fixed, FixedFault};
 use crate::le::{u16_at, u32_at, u64_at};
 
 /// `"NVJE"`: the first four bytes of every journal entry.
@@ -47,8 +48,8 @@ pub const FLAG_GROUP_END: u8 = 0x01;
 /// `prev_lsn` of the journal's very first entry.
 pub const NO_PREV_LSN: u64 = u64::MAX;
 
-const MAGIC_AT: usize = 0;
-const VERSION_AT: usize = MAGIC_AT + 4;
+const MAGIC_AT: usize = fixed::MAGIC_AT;
+const VERSION_AT: usize = fixed::VERSION_AT;
 const FLAGS_AT: usize = VERSION_AT + 2;
 const RESERVED_A_AT: usize = FLAGS_AT + 1;
 const LSN_AT: usize = RESERVED_A_AT + 1;
@@ -138,19 +139,16 @@ impl Envelope {
         if bytes.iter().all(|&b| b == 0) {
             return Err(EnvelopeError::Unwritten);
         }
-        let found: [u8; 4] = bytes[MAGIC_AT..VERSION_AT].try_into().expect("4 bytes");
-        if found != MAGIC {
-            return Err(EnvelopeError::BadMagic { found });
-        }
-        let version = u16_at(bytes, VERSION_AT);
-        if version != FORMAT_VERSION {
-            return Err(EnvelopeError::UnknownVersion { version });
-        }
+        // Reserved bits are checked below with the flags (bits, not whole bytes).
+        const SHAPE: Fixed<'static> =
+            Fixed { magic: MAGIC, version: FORMAT_VERSION, crc_at: CRC_AT, reserved: &[] };
         let stored = u32_at(bytes, CRC_AT);
-        let computed = crc32fast::hash(&bytes[..CRC_AT]);
-        if stored != computed {
-            return Err(EnvelopeError::Crc { stored, computed });
-        }
+        SHAPE.check(bytes).map_err(|fault| match fault {
+            FixedFault::BadMagic { found } => EnvelopeError::BadMagic { found },
+            FixedFault::UnknownVersion { version } => EnvelopeError::UnknownVersion { version },
+            FixedFault::Crc { stored, computed } => EnvelopeError::Crc { stored, computed },
+            FixedFault::ReservedNotZero { .. } => unreachable!("no reserved ranges given"),
+        })?;
         if bytes[FLAGS_AT] & !FLAG_GROUP_END != 0
             || bytes[RESERVED_A_AT] != 0
             || bytes[RESERVED_B_AT..CRC_AT].iter().any(|&b| b != 0)
