@@ -86,10 +86,64 @@ pub fn default_shards() -> usize {
 }
 
 enum Message {
-    Op { record: Box<StreamRecord>, op: Op, reply: flume::Sender<Answer> },
+    Op {
+        record: Box<StreamRecord>,
+        op: Op,
+        reply: flume::Sender<Answer>,
+    },
     Stats(flume::Sender<ShardStats>),
+    /// Ends the shard's service (it stops taking work and finishes what it holds);
+    /// answered once it has returned. The shard keeps serving its inbox meanwhile.
+    StopService(flume::Sender<()>),
     Stop,
 }
+
+/// What a [`Service`] runs with on its shard's executor.
+pub struct ServiceContext {
+    /// The shard's index (its core is `first_core + index` when pinned).
+    pub shard: usize,
+    /// The node's handle (operations on any stream, routed to their leaders).
+    pub client: Client,
+    /// Resolves when the node is stopping: the service stops taking new work, finishes
+    /// what it holds, and returns. The shards serve until every service has returned.
+    pub stopping: ServiceStop,
+}
+
+/// A signal that the node is stopping ([`ServiceContext::stopping`]).
+#[derive(Clone)]
+pub struct ServiceStop(Rc<crate::notify::Notify>, Rc<std::cell::Cell<bool>>);
+
+impl ServiceStop {
+    /// Whether the node is stopping.
+    pub fn is_set(&self) -> bool {
+        self.1.get()
+    }
+
+    /// Resolves once the node is stopping.
+    pub async fn wait(&self) {
+        loop {
+            let seen = self.0.generation();
+            if self.1.get() {
+                return;
+            }
+            self.0.changed(seen).await;
+        }
+    }
+
+    fn set(&self) {
+        self.1.set(true);
+        self.0.notify();
+    }
+}
+
+/// Work that runs on every shard's executor beside the shard (the HTTP acceptor: one
+/// listener per shard on the same port, so accepting is shared-nothing). Called once
+/// per shard, on that shard's thread, once it has recovered.
+pub type Service = Arc<
+    dyn Fn(ServiceContext) -> std::pin::Pin<Box<dyn std::future::Future<Output = ()>>>
+        + Send
+        + Sync,
+>;
 
 /// A running node.
 pub struct Node {
@@ -123,6 +177,19 @@ impl Node {
 
     /// [`Node::start`] with the clock that stamps arrivals and records (tests).
     pub fn start_with_clock(config: NodeConfig, clock: Arc<dyn Clock>) -> Result<Node> {
+        Self::start_with(config, clock, None)
+    }
+
+    /// [`Node::start`] with a [`Service`] run on every shard (the HTTP server).
+    pub fn start_serving(config: NodeConfig, service: Service) -> Result<Node> {
+        Self::start_with(config, Arc::new(SystemClock), Some(service))
+    }
+
+    fn start_with(
+        config: NodeConfig,
+        clock: Arc<dyn Clock>,
+        service: Option<Service>,
+    ) -> Result<Node> {
         assert!(config.shards > 0, "a node has at least one shard");
         std::fs::create_dir_all(&config.data_dir)
             .map_err(|e| io_error("create the data directory", &e))?;
@@ -132,22 +199,31 @@ impl Node {
             ControlPlane::with_seams(meta, Arc::clone(&clock), Arc::new(crate::control::OsRandom));
         let (ready_tx, ready_rx) = flume::bounded(config.shards);
         let mut senders = Vec::with_capacity(config.shards);
-        let mut threads = Vec::with_capacity(config.shards);
-        for index in 0..config.shards {
+        let mut receivers = Vec::with_capacity(config.shards);
+        for _ in 0..config.shards {
             let (tx, rx) = flume::bounded(config.inbox_depth);
             senders.push(tx);
+            receivers.push(rx);
+        }
+        let client = Client { shards: senders.into(), control, resolved: Arc::default() };
+        let mut threads = Vec::with_capacity(config.shards);
+        for (index, rx) in receivers.into_iter().enumerate() {
             let placement =
                 config.first_core.map_or(Placement::Unbound, |core| Placement::Fixed(core + index));
-            let (config, control, clock, ready) =
-                (config.clone(), control.clone(), Arc::clone(&clock), ready_tx.clone());
+            let (config, client, clock, ready, service) = (
+                config.clone(),
+                client.clone(),
+                Arc::clone(&clock),
+                ready_tx.clone(),
+                service.clone(),
+            );
             let thread = LocalExecutorBuilder::new(placement)
                 .name(&format!("nova-shard-{index}"))
-                .spawn(move || run_shard(index, config, control, clock, rx, ready))
+                .spawn(move || run_shard(index, config, client, clock, rx, ready, service))
                 .map_err(|e| Error::internal(format!("start shard {index}: {e}")))?;
             threads.push(thread);
         }
         drop(ready_tx);
-        let client = Client { shards: senders.into(), control, resolved: Arc::default() };
         let node = Node { client, threads };
         for _ in 0..config.shards {
             match ready_rx.recv() {
@@ -170,8 +246,19 @@ impl Node {
         self.client.clone()
     }
 
-    /// Stops every shard after the requests it holds are answered, and waits for them.
+    /// Stops every shard's service (each finishes what it holds), then every shard
+    /// after the requests it holds are answered, and waits for them.
     pub fn stop(self) {
+        let mut services = Vec::new();
+        for shard in self.client.shards.iter() {
+            let (done, stopped) = flume::bounded(1);
+            if shard.send(Message::StopService(done)).is_ok() {
+                services.push(stopped);
+            }
+        }
+        for stopped in services {
+            let _ = stopped.recv();
+        }
         for shard in self.client.shards.iter() {
             let _ = shard.send(Message::Stop);
         }
@@ -220,11 +307,13 @@ fn check_manifest(dir: &Path, shards: usize) -> Result<()> {
 async fn run_shard(
     index: usize,
     config: NodeConfig,
-    control: ControlPlane<RedbMetaStore>,
+    client: Client,
     clock: Arc<dyn Clock>,
     inbox: flume::Receiver<Message>,
     ready: flume::Sender<Result<()>>,
+    service: Option<Service>,
 ) {
+    let control = client.control.clone();
     let dir = config.data_dir.join("journal").join(format!("shard-{index}"));
     let opened = async { Journal::open(&dir, config.journal).await };
     let (journal, entries) = match opened.await {
@@ -245,6 +334,11 @@ async fn run_shard(
     let shard = Shard::new(index, config.shard.clone(), control, clock, journal, recovered);
     let flusher = glommio::spawn_local(Rc::clone(&shard).flusher());
     let _ = ready.send(Ok(()));
+    let stopping = ServiceStop(Rc::default(), Rc::default());
+    let mut service = service.map(|service| {
+        let context = ServiceContext { shard: index, client, stopping: stopping.clone() };
+        glommio::spawn_local(service(context)).detach()
+    });
 
     let permits = Rc::new(glommio::sync::Semaphore::new(config.handlers_max));
     while let Ok(message) = inbox.recv_async().await {
@@ -260,6 +354,17 @@ async fn run_shard(
             }
             Message::Stats(reply) => {
                 let _ = reply.send(shard.stats());
+            }
+            Message::StopService(done) => {
+                stopping.set();
+                let running = service.take();
+                glommio::spawn_local(async move {
+                    if let Some(running) = running {
+                        running.await;
+                    }
+                    let _ = done.send(());
+                })
+                .detach();
             }
             Message::Stop => break,
         }

@@ -481,3 +481,29 @@ fn a_data_directory_keeps_its_shard_count() {
     assert_eq!(err.code(), Code::InvalidArgument);
     assert!(err.to_string().contains("shards"), "{err}");
 }
+
+#[test]
+fn a_service_runs_on_every_shard_and_finishes_its_work_before_the_node_stops() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let (acks_tx, acks) = flume::unbounded();
+    let service: engine::node::Service = {
+        std::sync::Arc::new(move |context: engine::node::ServiceContext| {
+            let acks_tx = acks_tx.clone();
+            Box::pin(async move {
+                context.stopping.wait().await;
+                // Work that is still in hand when the node stops: it must be served.
+                let bucket = bucket("svc");
+                let key = key(&format!("shard-{}", context.shard));
+                let ack = context.client.append(&bucket, &key, plain(&["last"])).await;
+                let _ = acks_tx.send(ack.map(|a| a.end.seq_num));
+            })
+        })
+    };
+    let node = engine::node::Node::start_serving(config(dir.path(), 2), service).expect("start");
+    let client = node.client();
+    make_bucket(&client, "svc", StorageClass::Express, true);
+    drop(client);
+    node.stop();
+    let ends: Vec<u64> = acks.try_iter().map(|a| a.expect("served while stopping")).collect();
+    assert_eq!(ends, [1, 1], "each shard's service ran and finished its append before the stop");
+}
