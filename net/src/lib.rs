@@ -1,1 +1,20 @@
-//! (later issue)
+//! nova's network layer: the HTTP server (hyper on glommio, one acceptor per shard), the
+//! JSON and binary wire formats of `spec/http-api.md`, Server-Sent Events subscriptions,
+//! `/health` and `/metrics`, and the `nova` command (server and CLI client).
+//!
+//! Architecture invariants: this is the only crate that maps an engine error to an HTTP
+//! status (`error.rs`, nowhere else); it never sequences, stamps or stores a record (the
+//! engine's leader does, reached through `engine::node::Client`); every request body is
+//! bounded before it is held whole.
+
+pub mod api;
+pub mod body;
+pub mod cli;
+pub mod client;
+pub mod error;
+mod io;
+pub mod metrics;
+pub mod serve;
+pub mod server;
+mod sse;
+pub mod wire;

@@ -291,6 +291,30 @@ pub const UPLOADS_IN_FLIGHT_MAX: Knob = Knob {
     reason: "eight 8 MiB PUTs keep a few Gbit/s to S3 busy while bounding the bundle bytes held in flight to 64 MiB",
 };
 
+/// Ranged GETs of object storage in flight at once (reads of history no shard holds).
+pub const OBJECT_READS_IN_FLIGHT_MAX: Knob = Knob {
+    flag: "object-reads-in-flight-max",
+    env: "NOVA_OBJECT_READS_IN_FLIGHT_MAX",
+    unit: Unit::Count,
+    default: 32,
+    min: 1,
+    max: 1024,
+    help: "ranged GETs of chunks in object storage the uploader core has in flight at once; past it, reads of history wait",
+    reason: "catch-up readers fetch one chunk per GET; 32 in flight hide S3's first-byte latency (tens of ms) without letting history reads starve bundle PUTs of connections",
+};
+
+/// Upload requests one shard has in flight before its flusher waits.
+pub const SHARD_UPLOADS_IN_FLIGHT_MAX: Knob = Knob {
+    flag: "shard-uploads-in-flight-max",
+    env: "NOVA_SHARD_UPLOADS_IN_FLIGHT_MAX",
+    unit: Unit::Count,
+    default: 16,
+    min: 1,
+    max: 1024,
+    help: "upload requests (each a group of chunks, then its refs) one shard has in flight; results are applied in order, so a stream's chunks become durable in sequence",
+    reason: "standard acks wait one bundle delay plus a PUT (tens of ms); 16 groups in flight keep a shard's producers pipelined across that wait while bounding what a stalled store holds",
+};
+
 /// Upload requests queued for the uploader before shards wait.
 pub const UPLOADER_QUEUE_DEPTH: Knob = Knob {
     flag: "uploader-queue-depth",
@@ -339,6 +363,42 @@ pub const UPLOADER_DRAIN_MS: Knob = Knob {
     reason: "half a minute rides out a short outage at shutdown without making a stop hang on a store that is down",
 };
 
+/// Connections one shard serves at once; the next waits in the listen backlog.
+pub const HTTP_CONNECTIONS_MAX: Knob = Knob {
+    flag: "http-connections-max",
+    env: "NOVA_HTTP_CONNECTIONS_MAX",
+    unit: Unit::Count,
+    default: 1024,
+    min: 1,
+    max: 1 << 20,
+    help: "HTTP connections one shard serves at once; a shard at the limit stops accepting until one closes (the kernel's backlog holds the rest)",
+    reason: "an idle keep-alive connection costs a task and a few KiB, so 1024 per core covers many producers and subscribers while bounding what a flood of connections can hold",
+};
+
+/// The largest request body the server reads.
+pub const HTTP_BODY_BYTES_MAX: Knob = Knob {
+    flag: "http-body-bytes-max",
+    env: "NOVA_HTTP_BODY_BYTES_MAX",
+    unit: Unit::Bytes,
+    default: 160 << 20,
+    min: 1 << 20,
+    max: 1 << 30,
+    help: "largest HTTP request body; a larger one is refused (invalid_argument) from its Content-Length, or as soon as the bytes read pass it, before it is held whole",
+    reason: "the largest valid batch is 100 MiB of content; base64 in JSON adds a third, so 160 MiB takes every valid batch in either encoding",
+};
+
+/// How often an idle subscription sends a heartbeat.
+pub const SSE_HEARTBEAT_MS: Knob = Knob {
+    flag: "sse-heartbeat-ms",
+    env: "NOVA_SSE_HEARTBEAT_MS",
+    unit: Unit::Milliseconds,
+    default: 15_000,
+    min: 100,
+    max: 15_000,
+    help: "longest an idle subscription goes without an event; then it sends a ping carrying the tail",
+    reason: "streams.md asks for a heartbeat at least every 15 s, which keeps proxies from closing the connection; lower only to notice lag sooner",
+};
+
 /// Every knob, in the order `--help` and the doc list them.
 pub const KNOBS: &[Knob] = &[
     RECORD_BYTES_MAX,
@@ -352,6 +412,8 @@ pub const KNOBS: &[Knob] = &[
     BUNDLE_BYTES_TARGET,
     BUNDLE_DELAY_MS,
     UPLOADS_IN_FLIGHT_MAX,
+    OBJECT_READS_IN_FLIGHT_MAX,
+    SHARD_UPLOADS_IN_FLIGHT_MAX,
     UPLOADER_QUEUE_DEPTH,
     UPLOAD_BACKOFF_INITIAL_MS,
     UPLOAD_BACKOFF_MAX_MS,
@@ -365,7 +427,52 @@ pub const KNOBS: &[Knob] = &[
     S3_MULTIPART_THRESHOLD_BYTES,
     S3_MULTIPART_PART_BYTES,
     S3_MULTIPART_CONCURRENCY,
+    HTTP_CONNECTIONS_MAX,
+    HTTP_BODY_BYTES_MAX,
+    SSE_HEARTBEAT_MS,
 ];
+
+/// A knob whose value is text (an address, a path): no unit and no range, but a flag,
+/// an environment variable, a default and a reason like every other.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct TextKnob {
+    pub flag: &'static str,
+    pub env: &'static str,
+    pub default: &'static str,
+    pub help: &'static str,
+    pub reason: &'static str,
+}
+
+impl TextKnob {
+    /// The value from the flag if given, else from the environment, else the default.
+    pub fn resolve(&self, flag_value: Option<&str>) -> String {
+        flag_value
+            .map(str::to_owned)
+            .or_else(|| std::env::var(self.env).ok())
+            .unwrap_or_else(|| self.default.to_owned())
+    }
+}
+
+/// The address the HTTP server listens on.
+pub const LISTEN: TextKnob = TextKnob {
+    flag: "listen",
+    env: "NOVA_LISTEN",
+    default: "127.0.0.1:8080",
+    help: "address and port the HTTP server listens on (every shard accepts on it); port 0 picks a free port, printed at start",
+    reason: "loopback by default: the server has no authentication yet, so exposing it is a decision to make explicitly",
+};
+
+/// The data directory.
+pub const DATA_DIR: TextKnob = TextKnob {
+    flag: "data-dir",
+    env: "NOVA_DATA_DIR",
+    default: "./nova-data",
+    help: "directory for the metadata store, the journals and the local object store",
+    reason: "a directory beside where the server is started, so a first run needs no setup",
+};
+
+/// Every text knob, in the order `--help` and the doc list them.
+pub const TEXT_KNOBS: &[TextKnob] = &[LISTEN, DATA_DIR];
 
 /// A knob value that could not be used.
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -448,6 +555,16 @@ pub fn markdown() -> String {
             knob.reason
         );
     }
+    doc.push_str(
+        "\nText settings:\n\n| flag | environment | default | what | why the default |\n|---|---|---|---|---|\n",
+    );
+    for knob in TEXT_KNOBS {
+        let _ = writeln!(
+            doc,
+            "| `--{}` | `{}` | `{}` | {} | {} |",
+            knob.flag, knob.env, knob.default, knob.help, knob.reason
+        );
+    }
     doc
 }
 
@@ -461,10 +578,14 @@ mod tests {
             assert!((knob.min..=knob.max).contains(&knob.default), "{}", knob.flag);
             assert_eq!(knob.env, format!("NOVA_{}", knob.flag.to_uppercase().replace('-', "_")));
         }
-        let mut flags: Vec<_> = KNOBS.iter().map(|k| k.flag).collect();
+        for knob in TEXT_KNOBS {
+            assert_eq!(knob.env, format!("NOVA_{}", knob.flag.to_uppercase().replace('-', "_")));
+        }
+        let mut flags: Vec<_> =
+            KNOBS.iter().map(|k| k.flag).chain(TEXT_KNOBS.iter().map(|k| k.flag)).collect();
         flags.sort_unstable();
         flags.dedup();
-        assert_eq!(flags.len(), KNOBS.len());
+        assert_eq!(flags.len(), KNOBS.len() + TEXT_KNOBS.len());
     }
 
     #[test]

@@ -1,0 +1,679 @@
+//! The routes of http-api.md: one function per verb, each turning a request into an
+//! engine call through the node's [`Client`] and the answer into JSON (or the binary
+//! framing). Every answer carries the request id; every request is one log line on
+//! stderr and one count in `/metrics`.
+
+use std::cell::Cell;
+use std::convert::Infallible;
+use std::rc::Rc;
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use bytes::Bytes;
+use engine::framing;
+use engine::limits::{
+    READ_PAGE_BYTES_MAX_BINARY, READ_PAGE_BYTES_MAX_JSON, READ_PAGE_RECORDS_MAX_BINARY,
+    READ_PAGE_RECORDS_MAX_JSON, READ_WAIT_SECONDS_MAX,
+};
+use engine::names::{BucketName, StreamKey};
+use engine::node::{Client, ServiceStop};
+use engine::shard::{AppendRequest, ReadReply, ReadRequest, TrimTo};
+use engine::stream::{PageLimits, ReadStart};
+use http_body_util::BodyExt as _;
+use hyper::body::Incoming;
+use hyper::header::{self, HeaderValue};
+use hyper::{Method, Request, Response, StatusCode};
+use percent_encoding::percent_decode_str;
+use serde_json::{Value, json};
+
+use crate::body::Body;
+use crate::error::{ApiError, position};
+use crate::metrics::Metrics;
+use crate::wire::{self, Encoding};
+
+/// The binary framing's media type.
+pub const RECORDS_MEDIA_TYPE: &str = "application/x-nova-records";
+/// The request id headers: `x-request-id` (decisions.md) and `nova-request-id`, the same value.
+pub const REQUEST_ID_HEADERS: [&str; 2] = ["x-request-id", "nova-request-id"];
+/// A long poll or subscription waits on its stream's leader in slices of at most this, so
+/// a stopping server answers within one slice and never holds a shard's stop for a whole
+/// `wait`.
+pub const WAIT_SLICE: Duration = Duration::from_secs(1);
+/// Bytes of a request id the server echoes; a longer or unprintable one is replaced.
+const REQUEST_ID_BYTES_MAX: usize = 128;
+
+/// The server's settings, from `tuning` knobs.
+#[derive(Clone, Debug)]
+pub struct Settings {
+    pub body_bytes_max: u64,
+    pub heartbeat: Duration,
+}
+
+/// What every request on one shard shares.
+pub struct Shared {
+    pub client: Client,
+    pub settings: Settings,
+    pub metrics: Arc<Metrics>,
+    pub shard: usize,
+    pub stopping: ServiceStop,
+    /// Request ids are `<boot>-<shard>-<n>`.
+    pub boot: u32,
+    pub next_request: Cell<u64>,
+}
+
+/// Serves one request: route, answer, request id, log line, count.
+pub async fn handle(
+    shared: Rc<Shared>,
+    request: Request<Incoming>,
+) -> Result<Response<Body>, Infallible> {
+    let started = Instant::now();
+    shared.metrics.request_started(shared.shard);
+    let request_id = request_id(&shared, &request);
+    let method = request.method().clone();
+    let path = request.uri().path().to_owned();
+    let (route, answer) = route(&shared, request).await;
+    let mut response = answer.unwrap_or_else(error_response);
+    if let Ok(value) = HeaderValue::from_str(&request_id) {
+        for name in REQUEST_ID_HEADERS {
+            response.headers_mut().insert(name, value.clone());
+        }
+    }
+    let status = response.status().as_u16();
+    shared.metrics.request(shared.shard, route, status);
+    eprintln!(
+        "nova request request_id={request_id} shard={} method={method} path={path:?} route={route} status={status} micros={}",
+        shared.shard,
+        started.elapsed().as_micros()
+    );
+    Ok(response)
+}
+
+fn request_id(shared: &Shared, request: &Request<Incoming>) -> String {
+    let sent = REQUEST_ID_HEADERS
+        .iter()
+        .find_map(|name| request.headers().get(*name))
+        .and_then(|value| value.to_str().ok())
+        .filter(|id| {
+            !id.is_empty()
+                && id.len() <= REQUEST_ID_BYTES_MAX
+                && id.bytes().all(|b| b.is_ascii_graphic())
+        });
+    match sent {
+        Some(id) => id.to_owned(),
+        None => {
+            let n = shared.next_request.get();
+            shared.next_request.set(n + 1);
+            format!("{:08x}-{}-{n}", shared.boot, shared.shard)
+        }
+    }
+}
+
+type Answer = Result<Response<Body>, ApiError>;
+
+pub fn json_response(status: StatusCode, value: &Value) -> Response<Body> {
+    let mut response = Response::new(Body::full(value.to_string()));
+    *response.status_mut() = status;
+    response
+        .headers_mut()
+        .insert(header::CONTENT_TYPE, HeaderValue::from_static("application/json"));
+    response
+}
+
+fn ok(value: &Value) -> Answer {
+    Ok(json_response(StatusCode::OK, value))
+}
+
+pub fn error_response(error: ApiError) -> Response<Body> {
+    let mut response = json_response(error.status, &error.to_json());
+    if let Some(seconds) = error.retry_after_seconds {
+        response.headers_mut().insert(header::RETRY_AFTER, HeaderValue::from(seconds));
+    }
+    if error.status == StatusCode::METHOD_NOT_ALLOWED {
+        // The message names the allowed methods; the header says it too.
+        if let Some(allowed) = error.message.rsplit("use ").next()
+            && let Ok(value) = HeaderValue::from_str(allowed)
+        {
+            response.headers_mut().insert(header::ALLOW, value);
+        }
+    }
+    response
+}
+
+fn no_content() -> Answer {
+    let mut response = Response::new(Body::empty());
+    *response.status_mut() = StatusCode::NO_CONTENT;
+    Ok(response)
+}
+
+async fn route(shared: &Rc<Shared>, request: Request<Incoming>) -> (&'static str, Answer) {
+    let method = request.method().clone();
+    let path = request.uri().path().to_owned();
+    let segments: Vec<&str> = path.trim_start_matches('/').split('/').collect();
+    let not_allowed =
+        |allowed: &str| Err(ApiError::method_not_allowed(method.as_str(), &path, allowed));
+    match segments.as_slice() {
+        ["health"] => (
+            "health",
+            match method {
+                Method::GET | Method::HEAD => ok(&json!({"status": "serving"})),
+                _ => not_allowed("GET"),
+            },
+        ),
+        ["metrics"] => (
+            "metrics",
+            match method {
+                Method::GET => metrics(shared).await,
+                _ => not_allowed("GET"),
+            },
+        ),
+        ["v1", "buckets"] => (
+            "list_buckets",
+            match method {
+                Method::GET => list_buckets(shared, &request).await,
+                _ => not_allowed("GET"),
+            },
+        ),
+        ["v1", "buckets", bucket] => {
+            let bucket = match bucket_name(bucket) {
+                Ok(bucket) => bucket,
+                Err(error) => return ("bucket", Err(error)),
+            };
+            match method {
+                Method::POST => ("create_bucket", create_bucket(shared, &bucket, request).await),
+                Method::GET => ("get_bucket", get_bucket(shared, &bucket).await),
+                Method::PUT => ("update_bucket", update_bucket(shared, &bucket, request).await),
+                Method::DELETE => ("delete_bucket", delete_bucket(shared, &bucket).await),
+                _ => ("bucket", not_allowed("POST, GET, PUT, DELETE")),
+            }
+        }
+        ["v1", "streams", bucket] => {
+            let bucket = match bucket_name(bucket) {
+                Ok(bucket) => bucket,
+                Err(error) => return ("list_streams", Err(error)),
+            };
+            (
+                "list_streams",
+                match method {
+                    Method::GET => list_streams(shared, &bucket, &request).await,
+                    _ => not_allowed("GET"),
+                },
+            )
+        }
+        ["v1", "streams", bucket, key, rest @ ..] if rest.len() <= 1 => {
+            let address = match bucket_name(bucket).and_then(|b| Ok((b, stream_key(key)?))) {
+                Ok(address) => address,
+                Err(error) => return ("stream", Err(error)),
+            };
+            let (bucket, key) = (&address.0, &address.1);
+            match (rest.first().copied(), method.clone()) {
+                (None, Method::POST) => {
+                    ("create_stream", create_stream(shared, bucket, key, request).await)
+                }
+                (None, Method::GET) => ("get_stream", get_stream(shared, bucket, key).await),
+                (None, Method::PATCH) => {
+                    ("reconfigure_stream", reconfigure(shared, bucket, key, request).await)
+                }
+                (None, Method::DELETE) => {
+                    ("delete_stream", delete_stream(shared, bucket, key).await)
+                }
+                (None, _) => ("stream", not_allowed("POST, GET, PATCH, DELETE")),
+                (Some("records"), Method::POST) => {
+                    ("append", append(shared, bucket, key, request).await)
+                }
+                (Some("records"), Method::GET) => {
+                    if accepts(&request, "text/event-stream") {
+                        ("subscribe", crate::sse::subscribe(shared, bucket, key, &request).await)
+                    } else {
+                        ("read", read(shared, bucket, key, &request).await)
+                    }
+                }
+                (Some("records"), _) => ("records", not_allowed("POST, GET")),
+                (Some("tail"), Method::GET) => {
+                    ("check_tail", check_tail(shared, bucket, key).await)
+                }
+                (Some("tail"), _) => ("check_tail", not_allowed("GET")),
+                (Some("fence"), Method::POST) => {
+                    ("fence", fence(shared, bucket, key, request).await)
+                }
+                (Some("fence"), _) => ("fence", not_allowed("POST")),
+                (Some("trim"), Method::POST) => ("trim", trim(shared, bucket, key, request).await),
+                (Some("trim"), _) => ("trim", not_allowed("POST")),
+                (Some("plan"), _) => (
+                    "read_plan",
+                    Err(ApiError::unimplemented(
+                        "ReadPlan is not served yet: the engine does not expose object placements until reads from object storage land (issue 5); read the records with GET .../records",
+                    )),
+                ),
+                _ => ("unknown", Err(ApiError::no_route(method.as_str(), &path))),
+            }
+        }
+        _ => ("unknown", Err(ApiError::no_route(method.as_str(), &path))),
+    }
+}
+
+// ---- Request parts --------------------------------------------------------------------
+
+fn decode_segment(segment: &str, field: &str) -> Result<String, ApiError> {
+    let bytes: Vec<u8> = percent_decode_str(segment).collect();
+    String::from_utf8(bytes).map_err(|_| {
+        ApiError::invalid(format!("{field} {segment:?} is not valid UTF-8 once percent-decoded"))
+    })
+}
+
+fn bucket_name(segment: &str) -> Result<BucketName, ApiError> {
+    Ok(BucketName::parse(&decode_segment(segment, "bucket name")?)?)
+}
+
+fn stream_key(segment: &str) -> Result<StreamKey, ApiError> {
+    Ok(StreamKey::parse(&decode_segment(segment, "stream key")?)?)
+}
+
+/// The query parameters, percent-decoded (`+` is a space); each name may appear once and
+/// only the names in `accepted`.
+pub fn query(
+    request: &Request<Incoming>,
+    accepted: &[&str],
+) -> Result<Vec<(String, String)>, ApiError> {
+    let mut pairs: Vec<(String, String)> = Vec::new();
+    for pair in request.uri().query().unwrap_or("").split('&').filter(|p| !p.is_empty()) {
+        let (name, value) = pair.split_once('=').unwrap_or((pair, ""));
+        let name = decode_segment(&name.replace('+', " "), "query parameter name")?;
+        let value = decode_segment(&value.replace('+', " "), "query parameter value")?;
+        if !accepted.contains(&name.as_str()) {
+            return Err(ApiError::invalid(format!(
+                "unknown query parameter {name:?}; accepted parameters are {}",
+                accepted.join(", ")
+            )));
+        }
+        if pairs.iter().any(|(seen, _)| *seen == name) {
+            return Err(ApiError::invalid(format!("query parameter {name} is given twice")));
+        }
+        pairs.push((name, value));
+    }
+    Ok(pairs)
+}
+
+fn param<'a>(pairs: &'a [(String, String)], name: &str) -> Option<&'a str> {
+    pairs.iter().find(|(n, _)| n == name).map(|(_, v)| v.as_str())
+}
+
+fn number_param(pairs: &[(String, String)], name: &str) -> Result<Option<u64>, ApiError> {
+    param(pairs, name)
+        .map(|text| {
+            text.parse::<u64>().map_err(|_| {
+                ApiError::invalid(format!(
+                    "query parameter {name} must be a whole number >= 0, not {text:?}"
+                ))
+            })
+        })
+        .transpose()
+}
+
+fn bool_param(pairs: &[(String, String)], name: &str) -> Result<Option<bool>, ApiError> {
+    param(pairs, name)
+        .map(|text| match text {
+            "true" | "1" | "" => Ok(true),
+            "false" | "0" => Ok(false),
+            _ => Err(ApiError::invalid(format!(
+                "query parameter {name} must be true or false, not {text:?}"
+            ))),
+        })
+        .transpose()
+}
+
+/// The JSON encoding asked for with `Nova-Encoding`.
+pub fn encoding(request: &Request<Incoming>) -> Result<Encoding, ApiError> {
+    match request.headers().get("nova-encoding").map(HeaderValue::to_str) {
+        None => Ok(Encoding::Text),
+        Some(Ok(value)) if value.trim().eq_ignore_ascii_case("base64") => Ok(Encoding::Base64),
+        Some(value) => Err(ApiError::invalid(format!(
+            "header Nova-Encoding must be base64 (or absent for UTF-8 text), not {:?}",
+            value.unwrap_or("(not text)")
+        ))),
+    }
+}
+
+fn media_type(value: Option<&HeaderValue>) -> Option<String> {
+    let value = value?.to_str().ok()?;
+    Some(value.split(';').next().unwrap_or("").trim().to_ascii_lowercase())
+}
+
+/// Whether `Accept` names this media type.
+pub fn accepts(request: &Request<Incoming>, media: &str) -> bool {
+    request
+        .headers()
+        .get_all(header::ACCEPT)
+        .iter()
+        .filter_map(|v| v.to_str().ok())
+        .flat_map(|v| v.split(','))
+        .any(|v| v.split(';').next().unwrap_or("").trim().eq_ignore_ascii_case(media))
+}
+
+/// The request body, refused past the limit before it is held whole: from
+/// `Content-Length` at once, or as soon as the bytes read pass the limit.
+async fn read_body(request: Request<Incoming>, limit: u64) -> Result<Bytes, ApiError> {
+    let too_large = |len: String| {
+        ApiError::invalid(format!(
+            "request body is {len} bytes, over the limit of {limit} bytes (--http-body-bytes-max)"
+        ))
+    };
+    let declared = request
+        .headers()
+        .get(header::CONTENT_LENGTH)
+        .and_then(|v| v.to_str().ok())
+        .and_then(|v| v.parse::<u64>().ok());
+    if let Some(len) = declared
+        && len > limit
+    {
+        return Err(too_large(len.to_string()));
+    }
+    let limited = http_body_util::Limited::new(
+        request.into_body(),
+        usize::try_from(limit).unwrap_or(usize::MAX),
+    );
+    match limited.collect().await {
+        Ok(collected) => Ok(collected.to_bytes()),
+        Err(error) if error.is::<http_body_util::LengthLimitError>() => {
+            Err(too_large("more than that".into()))
+        }
+        Err(error) => Err(ApiError::invalid(format!("reading the request body failed: {error}"))),
+    }
+}
+
+// ---- Operations -----------------------------------------------------------------------
+
+async fn metrics(shared: &Shared) -> Answer {
+    let stats = shared.client.stats().await?;
+    let mut response = Response::new(Body::full(shared.metrics.render(&stats)));
+    response.headers_mut().insert(
+        header::CONTENT_TYPE,
+        HeaderValue::from_static("text/plain; version=0.0.4; charset=utf-8"),
+    );
+    Ok(response)
+}
+
+// ---- Buckets --------------------------------------------------------------------------
+
+async fn list_buckets(shared: &Shared, request: &Request<Incoming>) -> Answer {
+    let pairs = query(request, &["limit", "start_after"])?;
+    let limit = number_param(&pairs, "limit")?;
+    let page = shared.client.control().list_buckets(param(&pairs, "start_after"), limit).await?;
+    let buckets: Vec<Value> = page.buckets.iter().map(wire::bucket_json).collect();
+    let next = page.next.map(BucketName::into_string).unwrap_or_default();
+    ok(&json!({"buckets": buckets, "next": next}))
+}
+
+async fn create_bucket(shared: &Shared, bucket: &BucketName, request: Request<Incoming>) -> Answer {
+    let body = read_body(request, shared.settings.body_bytes_max).await?;
+    let (config, token) = wire::bucket_create(&body)?;
+    let created = shared.client.control().create_bucket(bucket, &config, token.as_deref()).await?;
+    let status = if created.created { StatusCode::CREATED } else { StatusCode::OK };
+    Ok(json_response(status, &wire::bucket_json(&created.record)))
+}
+
+async fn get_bucket(shared: &Shared, bucket: &BucketName) -> Answer {
+    ok(&wire::bucket_json(&shared.client.control().get_bucket(bucket).await?))
+}
+
+async fn update_bucket(shared: &Shared, bucket: &BucketName, request: Request<Incoming>) -> Answer {
+    let body = read_body(request, shared.settings.body_bytes_max).await?;
+    let config = wire::bucket_update(&body)?;
+    ok(&wire::bucket_json(&shared.client.control().update_bucket(bucket, &config).await?))
+}
+
+async fn delete_bucket(shared: &Shared, bucket: &BucketName) -> Answer {
+    shared.client.control().delete_bucket(bucket).await?;
+    no_content()
+}
+
+// ---- Streams --------------------------------------------------------------------------
+
+async fn list_streams(shared: &Shared, bucket: &BucketName, request: &Request<Incoming>) -> Answer {
+    let pairs = query(request, &["prefix", "start_after", "limit"])?;
+    let limit = number_param(&pairs, "limit")?;
+    let page = shared
+        .client
+        .control()
+        .list_streams(
+            bucket,
+            param(&pairs, "prefix").unwrap_or(""),
+            param(&pairs, "start_after"),
+            limit,
+        )
+        .await?;
+    let streams: Vec<Value> = page.streams.iter().map(|s| wire::stream_json(s, None)).collect();
+    let next = page.next.map(StreamKey::into_string).unwrap_or_default();
+    ok(&json!({"streams": streams, "next": next}))
+}
+
+async fn create_stream(
+    shared: &Shared,
+    bucket: &BucketName,
+    key: &StreamKey,
+    request: Request<Incoming>,
+) -> Answer {
+    let body = read_body(request, shared.settings.body_bytes_max).await?;
+    let (options, token) = wire::stream_create(&body)?;
+    let created =
+        shared.client.control().create_stream(bucket, key, &options, token.as_deref()).await?;
+    let status = if created.created { StatusCode::CREATED } else { StatusCode::OK };
+    Ok(json_response(status, &wire::stream_json(&created.record, None)))
+}
+
+async fn get_stream(shared: &Shared, bucket: &BucketName, key: &StreamKey) -> Answer {
+    let (record, tail) = shared.client.get_stream(bucket, key).await?;
+    ok(&wire::stream_json(&record, Some(tail)))
+}
+
+async fn reconfigure(
+    shared: &Shared,
+    bucket: &BucketName,
+    key: &StreamKey,
+    request: Request<Incoming>,
+) -> Answer {
+    let body = read_body(request, shared.settings.body_bytes_max).await?;
+    let patch = wire::stream_patch(&body)?;
+    ok(&wire::stream_json(&shared.client.reconfigure(bucket, key, patch).await?, None))
+}
+
+async fn delete_stream(shared: &Shared, bucket: &BucketName, key: &StreamKey) -> Answer {
+    shared.client.delete_stream(bucket, key).await?;
+    no_content()
+}
+
+// ---- Records --------------------------------------------------------------------------
+
+async fn append(
+    shared: &Shared,
+    bucket: &BucketName,
+    key: &StreamKey,
+    request: Request<Incoming>,
+) -> Answer {
+    let binary = media_type(request.headers().get(header::CONTENT_TYPE)).as_deref()
+        == Some(RECORDS_MEDIA_TYPE);
+    let encoding = encoding(&request)?;
+    let body = read_body(request, shared.settings.body_bytes_max).await?;
+    let append = if binary {
+        // The framed batch goes to the engine as it came; the engine validates it in place.
+        AppendRequest { framed: body.to_vec(), offered: None }
+    } else {
+        wire::append_request(&body, encoding)?
+    };
+    let ack = shared.client.append(bucket, key, append).await?;
+    ok(&json!({
+        "start": position(ack.start),
+        "end": position(ack.end),
+        "tail": position(ack.tail),
+    }))
+}
+
+/// A read's start and bounds from its query (also a subscription's).
+#[derive(Clone, Copy, Debug)]
+pub struct ReadParams {
+    pub start: ReadStart,
+    pub clamp: bool,
+    pub count: Option<u64>,
+    pub bytes: Option<u64>,
+    pub until: Option<u64>,
+    pub wait: Option<Duration>,
+}
+
+pub const READ_PARAMS: [&str; 8] =
+    ["seq_num", "timestamp", "tail_offset", "count", "bytes", "until", "clamp", "wait"];
+
+pub fn read_params(request: &Request<Incoming>) -> Result<ReadParams, ApiError> {
+    let pairs = query(request, &READ_PARAMS)?;
+    let starts: Vec<ReadStart> = [
+        number_param(&pairs, "seq_num")?.map(ReadStart::SeqNum),
+        number_param(&pairs, "timestamp")?.map(ReadStart::Timestamp),
+        number_param(&pairs, "tail_offset")?.map(ReadStart::TailOffset),
+    ]
+    .into_iter()
+    .flatten()
+    .collect();
+    let start = match starts.as_slice() {
+        [] => ReadStart::SeqNum(0),
+        [one] => *one,
+        _ => {
+            return Err(ApiError::invalid(
+                "a read starts at one of seq_num, timestamp or tail_offset, not several",
+            ));
+        }
+    };
+    let bound = |name: &'static str| -> Result<Option<u64>, ApiError> {
+        match number_param(&pairs, name)? {
+            Some(0) => Err(engine::Error::read_bound_zero(name).into()),
+            other => Ok(other),
+        }
+    };
+    let wait = match number_param(&pairs, "wait")? {
+        Some(seconds) if seconds > u64::from(READ_WAIT_SECONDS_MAX) => {
+            return Err(engine::Error::read_wait_too_long(seconds).into());
+        }
+        Some(0) | None => None,
+        Some(seconds) => Some(Duration::from_secs(seconds)),
+    };
+    Ok(ReadParams {
+        start,
+        clamp: bool_param(&pairs, "clamp")?.unwrap_or(false),
+        count: bound("count")?,
+        bytes: bound("bytes")?,
+        until: number_param(&pairs, "until")?,
+        wait,
+    })
+}
+
+/// A page's limits: the caller's bounds folded with the format's page caps.
+pub fn page_limits(
+    count: Option<u64>,
+    bytes: Option<u64>,
+    until: Option<u64>,
+    binary: bool,
+) -> PageLimits {
+    let (records_cap, bytes_cap) = if binary {
+        (u64::from(READ_PAGE_RECORDS_MAX_BINARY), READ_PAGE_BYTES_MAX_BINARY)
+    } else {
+        (u64::from(READ_PAGE_RECORDS_MAX_JSON), READ_PAGE_BYTES_MAX_JSON)
+    };
+    PageLimits {
+        records: count.map_or(records_cap, |c| c.min(records_cap)),
+        bytes: bytes.map_or(bytes_cap, |b| b.min(bytes_cap)),
+        until,
+    }
+}
+
+/// One page, waiting up to `wait` for records when none are readable, in slices of
+/// [`WAIT_SLICE`] so that a stopping server answers promptly.
+pub async fn read_page(
+    shared: &Shared,
+    bucket: &BucketName,
+    key: &StreamKey,
+    request: ReadRequest,
+) -> engine::Result<ReadReply> {
+    let deadline = request.wait.map(|wait| Instant::now() + wait);
+    loop {
+        let left = deadline.map(|d| d.saturating_duration_since(Instant::now()));
+        let slice = left.map(|left| left.min(WAIT_SLICE)).filter(|s| !s.is_zero());
+        let reply = shared.client.read(bucket, key, ReadRequest { wait: slice, ..request }).await?;
+        let done = reply.record_count > 0
+            || reply.reached_until
+            || slice.is_none()
+            || left.is_none_or(|left| left <= WAIT_SLICE)
+            || shared.stopping.is_set();
+        if done {
+            return Ok(reply);
+        }
+    }
+}
+
+async fn read(
+    shared: &Shared,
+    bucket: &BucketName,
+    key: &StreamKey,
+    request: &Request<Incoming>,
+) -> Answer {
+    let binary = accepts(request, RECORDS_MEDIA_TYPE);
+    let encoding = encoding(request)?;
+    let params = read_params(request)?;
+    let read = ReadRequest {
+        start: params.start,
+        clamp: params.clamp,
+        limits: page_limits(params.count, params.bytes, params.until, binary),
+        wait: params.wait,
+    };
+    let reply = read_page(shared, bucket, key, read).await?;
+    if binary {
+        let mut frames = reply.frames;
+        framing::encode_page_end(reply.next_seq_num, reply.tail, &mut frames);
+        let mut response = Response::new(Body::full(frames));
+        response
+            .headers_mut()
+            .insert(header::CONTENT_TYPE, HeaderValue::from_static(RECORDS_MEDIA_TYPE));
+        return Ok(response);
+    }
+    let records = wire::records_json(&reply.frames, encoding)?;
+    ok(&json!({
+        "records": records,
+        "next_seq_num": reply.next_seq_num,
+        "tail": position(reply.tail),
+    }))
+}
+
+async fn check_tail(shared: &Shared, bucket: &BucketName, key: &StreamKey) -> Answer {
+    let tail = shared.client.check_tail(bucket, key).await?;
+    ok(&json!({"tail": position(tail)}))
+}
+
+async fn fence(
+    shared: &Shared,
+    bucket: &BucketName,
+    key: &StreamKey,
+    request: Request<Incoming>,
+) -> Answer {
+    let body = read_body(request, shared.settings.body_bytes_max).await?;
+    let object = wire::parse_body(&body, &["fencing_token", "expected"])?;
+    let token = object
+        .str("fencing_token")?
+        .ok_or_else(|| ApiError::invalid("field fencing_token is required"))?
+        .to_owned();
+    let expected = object.str("expected")?.map(str::to_owned);
+    let tail = shared.client.fence(bucket, key, token, expected).await?;
+    ok(&json!({"tail": position(tail)}))
+}
+
+async fn trim(
+    shared: &Shared,
+    bucket: &BucketName,
+    key: &StreamKey,
+    request: Request<Incoming>,
+) -> Answer {
+    let body = read_body(request, shared.settings.body_bytes_max).await?;
+    let object = wire::parse_body(&body, &["seq_num", "timestamp"])?;
+    let to = match (object.u64("seq_num")?, object.u64("timestamp")?) {
+        (Some(seq_num), None) => TrimTo::SeqNum(seq_num),
+        (None, Some(timestamp)) => TrimTo::Timestamp(timestamp),
+        _ => return Err(ApiError::invalid("a trim carries exactly one of seq_num or timestamp")),
+    };
+    let trim_seq_num = shared.client.trim(bucket, key, to).await?;
+    ok(&json!({"trim_seq_num": trim_seq_num}))
+}

@@ -1,0 +1,249 @@
+//! A small blocking HTTP/1.1 client over `std::net::TcpStream`, for the CLI and the
+//! tests: one request per connection (`Connection: close`), bodies by `Content-Length`,
+//! chunked transfer or end of stream, and a streaming reader for subscriptions.
+
+use std::io::{self, BufRead, BufReader, Read, Write};
+use std::net::TcpStream;
+use std::time::Duration;
+
+/// A server's address, from `http://HOST:PORT` (a path after it is ignored).
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Server {
+    /// `HOST:PORT`.
+    pub authority: String,
+}
+
+impl Server {
+    pub fn parse(url: &str) -> Result<Self, String> {
+        let rest = url
+            .strip_prefix("http://")
+            .ok_or_else(|| format!("server URL {url:?} must start with http://"))?;
+        let authority = rest.split('/').next().unwrap_or("");
+        if authority.is_empty() {
+            return Err(format!("server URL {url:?} has no host"));
+        }
+        let authority =
+            if authority.contains(':') { authority.to_owned() } else { format!("{authority}:80") };
+        Ok(Server { authority })
+    }
+}
+
+/// A whole response.
+#[derive(Clone, Debug)]
+pub struct Response {
+    pub status: u16,
+    /// Names lowercased, in order.
+    pub headers: Vec<(String, String)>,
+    pub body: Vec<u8>,
+}
+
+impl Response {
+    pub fn header(&self, name: &str) -> Option<&str> {
+        let name = name.to_ascii_lowercase();
+        self.headers.iter().find(|(n, _)| *n == name).map(|(_, v)| v.as_str())
+    }
+
+    pub fn text(&self) -> String {
+        String::from_utf8_lossy(&self.body).into_owned()
+    }
+
+    /// The body as JSON (`Null` when it is not JSON).
+    pub fn json(&self) -> serde_json::Value {
+        serde_json::from_slice(&self.body).unwrap_or(serde_json::Value::Null)
+    }
+}
+
+/// A response whose body is read as it arrives.
+pub struct Streaming {
+    pub status: u16,
+    pub headers: Vec<(String, String)>,
+    pub body: Box<dyn BufRead + Send>,
+}
+
+impl Streaming {
+    pub fn header(&self, name: &str) -> Option<&str> {
+        let name = name.to_ascii_lowercase();
+        self.headers.iter().find(|(n, _)| *n == name).map(|(_, v)| v.as_str())
+    }
+
+    /// Reads the rest of the body.
+    pub fn finish(mut self) -> io::Result<Response> {
+        let mut body = Vec::new();
+        self.body.read_to_end(&mut body)?;
+        Ok(Response { status: self.status, headers: self.headers, body })
+    }
+}
+
+/// Sends one request and reads the whole response.
+pub fn request(
+    server: &Server,
+    method: &str,
+    path: &str,
+    headers: &[(&str, &str)],
+    body: Option<&[u8]>,
+) -> io::Result<Response> {
+    open(server, method, path, headers, body, None)?.finish()
+}
+
+/// Sends one request and returns once the response head has arrived. `timeout` bounds
+/// each read of the body (None: wait as long as it takes).
+pub fn open(
+    server: &Server,
+    method: &str,
+    path: &str,
+    headers: &[(&str, &str)],
+    body: Option<&[u8]>,
+    timeout: Option<Duration>,
+) -> io::Result<Streaming> {
+    let mut stream = TcpStream::connect(&server.authority)?;
+    stream.set_nodelay(true)?;
+    stream.set_read_timeout(timeout)?;
+    let mut head =
+        format!("{method} {path} HTTP/1.1\r\nhost: {}\r\nconnection: close\r\n", server.authority);
+    for (name, value) in headers {
+        head.push_str(&format!("{name}: {value}\r\n"));
+    }
+    if let Some(body) = body {
+        head.push_str(&format!("content-length: {}\r\n", body.len()));
+    }
+    head.push_str("\r\n");
+    let mut out = head.into_bytes();
+    out.extend_from_slice(body.unwrap_or_default());
+    // A server may answer before it has read the whole body (a body over its limit):
+    // then the write fails, and the answer is what counts.
+    let written = stream.write_all(&out);
+    let mut reader = BufReader::new(stream);
+    let mut line = String::new();
+    match (reader.read_line(&mut line), written) {
+        (Ok(n), _) if n > 0 => {}
+        (_, Err(error)) | (Err(error), Ok(())) => return Err(error),
+        (Ok(_), Ok(())) => {
+            return Err(io::Error::new(io::ErrorKind::UnexpectedEof, "no response"));
+        }
+    }
+    let status =
+        line.split_whitespace().nth(1).and_then(|s| s.parse::<u16>().ok()).ok_or_else(|| {
+            io::Error::new(io::ErrorKind::InvalidData, format!("bad status line {line:?}"))
+        })?;
+    let mut headers = Vec::new();
+    loop {
+        line.clear();
+        if reader.read_line(&mut line)? == 0 {
+            return Err(io::Error::new(io::ErrorKind::UnexpectedEof, "response head cut short"));
+        }
+        let trimmed = line.trim_end();
+        if trimmed.is_empty() {
+            break;
+        }
+        if let Some((name, value)) = trimmed.split_once(':') {
+            headers.push((name.trim().to_ascii_lowercase(), value.trim().to_owned()));
+        }
+    }
+    let find = |name: &str| headers.iter().find(|(n, _)| n == name).map(|(_, v)| v.clone());
+    let body: Box<dyn BufRead + Send> = if method == "HEAD" || status == 204 || status == 304 {
+        Box::new(io::empty())
+    } else if find("transfer-encoding").is_some_and(|v| v.eq_ignore_ascii_case("chunked")) {
+        Box::new(BufReader::new(Chunked { inner: reader, left: 0, done: false }))
+    } else if let Some(len) = find("content-length").and_then(|v| v.parse::<u64>().ok()) {
+        Box::new(reader.take(len))
+    } else {
+        Box::new(reader)
+    };
+    Ok(Streaming { status, headers, body })
+}
+
+/// Decodes a chunked body.
+struct Chunked<R> {
+    inner: R,
+    /// Bytes left in the current chunk.
+    left: u64,
+    done: bool,
+}
+
+impl<R: BufRead> Read for Chunked<R> {
+    fn read(&mut self, buf: &mut [u8]) -> io::Result<usize> {
+        if self.done || buf.is_empty() {
+            return Ok(0);
+        }
+        if self.left == 0 {
+            let mut line = String::new();
+            self.inner.read_line(&mut line)?;
+            let size = line.trim().split(';').next().unwrap_or("");
+            self.left = u64::from_str_radix(size, 16).map_err(|_| {
+                io::Error::new(io::ErrorKind::InvalidData, format!("bad chunk size {line:?}"))
+            })?;
+            if self.left == 0 {
+                // Trailers, then the blank line.
+                loop {
+                    line.clear();
+                    if self.inner.read_line(&mut line)? == 0 || line.trim().is_empty() {
+                        break;
+                    }
+                }
+                self.done = true;
+                return Ok(0);
+            }
+        }
+        let want = buf.len().min(usize::try_from(self.left).unwrap_or(usize::MAX));
+        let n = self.inner.read(&mut buf[..want])?;
+        if n == 0 {
+            return Err(io::Error::new(io::ErrorKind::UnexpectedEof, "chunked body cut short"));
+        }
+        self.left -= n as u64;
+        if self.left == 0 {
+            let mut crlf = [0u8; 2];
+            self.inner.read_exact(&mut crlf)?;
+        }
+        Ok(n)
+    }
+}
+
+/// One Server-Sent Event.
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct Event {
+    pub event: String,
+    pub id: Option<String>,
+    pub data: String,
+}
+
+/// Reads the next event from an event stream; None at its end.
+pub fn next_event(body: &mut dyn BufRead) -> io::Result<Option<Event>> {
+    let mut event = Event::default();
+    let mut any = false;
+    let mut line = String::new();
+    loop {
+        line.clear();
+        if body.read_line(&mut line)? == 0 {
+            return Ok(None);
+        }
+        let line = line.trim_end_matches(['\r', '\n']);
+        if line.is_empty() {
+            if any {
+                return Ok(Some(event));
+            }
+            continue;
+        }
+        any = true;
+        let (field, value) = line.split_once(':').unwrap_or((line, ""));
+        let value = value.strip_prefix(' ').unwrap_or(value);
+        match field {
+            "event" => event.event = value.to_owned(),
+            "id" => event.id = Some(value.to_owned()),
+            "data" => {
+                if !event.data.is_empty() {
+                    event.data.push('\n');
+                }
+                event.data.push_str(value);
+            }
+            _ => {}
+        }
+    }
+}
+
+/// Percent-encodes one path segment (a stream key): everything but unreserved bytes.
+pub fn encode_segment(segment: &str) -> String {
+    percent_encoding::utf8_percent_encode(segment, SEGMENT).to_string()
+}
+
+const SEGMENT: &percent_encoding::AsciiSet =
+    &percent_encoding::NON_ALPHANUMERIC.remove(b'-').remove(b'_').remove(b'.').remove(b'~');

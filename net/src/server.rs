@@ -1,0 +1,166 @@
+//! The HTTP server: one listener per shard on the same address (glommio sets
+//! SO_REUSEPORT, so the kernel spreads connections and accepting is shared-nothing),
+//! hyper's HTTP/1.1 with keep-alive on each accepted connection, at most
+//! `--http-connections-max` connections per shard (the permit is taken before a
+//! connection is accepted), and a graceful stop: when the node stops, each shard stops
+//! accepting, lets every connection finish the request in hand (hyper's graceful
+//! shutdown), and returns once all are closed.
+//!
+//! It never touches a stream itself: every verb goes through the node's `Client`, which
+//! routes it to the stream's leader shard.
+
+use std::cell::Cell;
+use std::future::Future;
+use std::net::SocketAddr;
+use std::pin::pin;
+use std::rc::Rc;
+use std::sync::Arc;
+use std::task::Poll;
+use std::time::Duration;
+
+use engine::node::{Service, ServiceContext};
+use glommio::net::{TcpListener, TcpStream};
+use glommio::sync::{Semaphore, StaticPermit};
+use hyper::server::conn::http1;
+use hyper::service::service_fn;
+
+use crate::api::{self, Settings, Shared};
+use crate::io::Io;
+use crate::metrics::Metrics;
+
+/// The server's configuration.
+#[derive(Clone, Debug)]
+pub struct ServerConfig {
+    pub listen: SocketAddr,
+    pub connections_max: u64,
+    pub settings: Settings,
+}
+
+impl ServerConfig {
+    /// Every knob at its default, listening on `listen`.
+    pub fn new(listen: SocketAddr) -> Self {
+        ServerConfig {
+            listen,
+            connections_max: tuning::HTTP_CONNECTIONS_MAX.default,
+            settings: Settings {
+                body_bytes_max: tuning::HTTP_BODY_BYTES_MAX.default,
+                heartbeat: Duration::from_millis(tuning::SSE_HEARTBEAT_MS.default),
+            },
+        }
+    }
+}
+
+/// The node service that serves HTTP on every shard. Each shard reports on `bound` once
+/// its listener is bound (or why it could not be).
+pub fn service(
+    config: ServerConfig,
+    metrics: Arc<Metrics>,
+    bound: flume::Sender<Result<(), String>>,
+) -> Service {
+    Arc::new(move |context: ServiceContext| {
+        Box::pin(serve_shard(context, config.clone(), Arc::clone(&metrics), bound.clone()))
+    })
+}
+
+enum Next<T> {
+    Ready(T),
+    Stopping,
+}
+
+async fn until_stopping<T>(context: &ServiceContext, work: impl Future<Output = T>) -> Next<T> {
+    futures_lite::future::or(async { Next::Ready(work.await) }, async {
+        context.stopping.wait().await;
+        Next::Stopping
+    })
+    .await
+}
+
+async fn serve_shard(
+    context: ServiceContext,
+    config: ServerConfig,
+    metrics: Arc<Metrics>,
+    bound: flume::Sender<Result<(), String>>,
+) {
+    let listener = match TcpListener::bind(config.listen) {
+        Ok(listener) => {
+            let _ = bound.send(Ok(()));
+            listener
+        }
+        Err(error) => {
+            let _ = bound.send(Err(format!(
+                "shard {} cannot listen on {}: {error}",
+                context.shard, config.listen
+            )));
+            return;
+        }
+    };
+    let shared = Rc::new(Shared {
+        client: context.client.clone(),
+        settings: config.settings.clone(),
+        metrics,
+        shard: context.shard,
+        stopping: context.stopping.clone(),
+        boot: boot_id(),
+        next_request: Cell::new(0),
+    });
+    let permits = Rc::new(Semaphore::new(config.connections_max));
+    loop {
+        let permit = match until_stopping(&context, permits.acquire_static_permit(1)).await {
+            Next::Ready(Ok(permit)) => permit,
+            Next::Ready(Err(_)) | Next::Stopping => break,
+        };
+        let stream = match until_stopping(&context, listener.accept()).await {
+            Next::Ready(Ok(stream)) => stream,
+            Next::Ready(Err(error)) => {
+                // Out of file descriptors, or a connection reset before it was accepted:
+                // say so, and give the system a moment instead of spinning.
+                eprintln!("nova accept failed on shard {}: {error}", context.shard);
+                glommio::timer::sleep(Duration::from_millis(10)).await;
+                continue;
+            }
+            Next::Stopping => break,
+        };
+        glommio::spawn_local(connection(Rc::clone(&shared), stream, permit)).detach();
+    }
+    drop(listener);
+    // Every connection gives its permit back when it closes.
+    let _ = permits.acquire(config.connections_max).await;
+}
+
+async fn connection(shared: Rc<Shared>, stream: TcpStream, permit: StaticPermit) {
+    shared.metrics.connection_opened(shared.shard);
+    let _ = stream.set_nodelay(true);
+    let handler = Rc::clone(&shared);
+    let service = service_fn(move |request| api::handle(Rc::clone(&handler), request));
+    let mut connection =
+        pin!(http1::Builder::new().keep_alive(true).serve_connection(Io::new(stream), service));
+    let stopping = shared.stopping.clone();
+    let mut stop = pin!(stopping.wait());
+    let mut shutting_down = false;
+    let result = std::future::poll_fn(|cx| {
+        if !shutting_down && stop.as_mut().poll(cx).is_ready() {
+            shutting_down = true;
+            connection.as_mut().graceful_shutdown();
+        }
+        match connection.as_mut().poll(cx) {
+            Poll::Ready(result) => Poll::Ready(result),
+            Poll::Pending => Poll::Pending,
+        }
+    })
+    .await;
+    if let Err(error) = result
+        && !error.is_incomplete_message()
+    {
+        eprintln!("nova connection on shard {} ended: {error}", shared.shard);
+    }
+    shared.metrics.connection_closed(shared.shard);
+    drop(permit);
+}
+
+/// A per-process number that tells request ids of different runs apart.
+fn boot_id() -> u32 {
+    let nanos = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map_or(0, |d| d.subsec_nanos() ^ (d.as_secs() as u32));
+    nanos ^ std::process::id().rotate_left(16)
+}

@@ -1,0 +1,469 @@
+//! The JSON wire format of http-api.md: request bodies checked field by field (unknown
+//! fields refused, every message naming the field), the bucket, stream and record
+//! objects of responses, and the bytes of bodies and headers as UTF-8 text or, with
+//! `Nova-Encoding: base64`, as base64.
+//!
+//! JSON records are encoded into the binary framing here (one validation path in the
+//! engine for both formats); read pages come back as framing and are decoded here.
+//! Nothing here alters a byte to make it printable: bytes that are not UTF-8 in a text
+//! page are refused.
+
+use base64::Engine as _;
+use base64::engine::general_purpose::STANDARD as BASE64;
+use engine::control::{BucketRecord, StreamRecord};
+use engine::framing::{AppendBuilder, AppendConditions, Frame, decode_frame};
+use engine::limits::FENCING_TOKEN_BYTES_MAX;
+use engine::options::{
+    BucketConfigRequest, OptionScope, ProducerPolicy, StorageClass, StreamOptions,
+    StreamOptionsPatch, StreamOptionsRequest, TimestampingMode,
+};
+use engine::position::Tail;
+use engine::shard::AppendRequest;
+use engine::timestamp::Offered;
+use serde_json::{Map, Value, json};
+
+use crate::error::{ApiError, position};
+
+/// How bodies, header names and header values travel in JSON.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Encoding {
+    /// UTF-8 text (the default).
+    Text,
+    /// Standard base64, padded (`Nova-Encoding: base64`).
+    Base64,
+}
+
+impl Encoding {
+    /// Bytes from a JSON string; `field` names it in the error.
+    pub fn decode(self, text: &str, field: &dyn Fn() -> String) -> Result<Vec<u8>, ApiError> {
+        match self {
+            Encoding::Text => Ok(text.as_bytes().to_vec()),
+            Encoding::Base64 => BASE64.decode(text).map_err(|error| {
+                ApiError::invalid(format!(
+                    "{} is not valid base64 (standard alphabet, padded; Nova-Encoding: base64 is set): {error}",
+                    field()
+                ))
+            }),
+        }
+    }
+
+    /// A JSON string for bytes; `what` names them in the error when they are not UTF-8.
+    pub fn encode(self, bytes: &[u8], what: &dyn Fn() -> String) -> Result<String, ApiError> {
+        match self {
+            Encoding::Base64 => Ok(BASE64.encode(bytes)),
+            Encoding::Text => match std::str::from_utf8(bytes) {
+                Ok(text) => Ok(text.to_owned()),
+                Err(_) => Err(ApiError::invalid(format!(
+                    "{} holds bytes that are not valid UTF-8; send the request header \
+                     Nova-Encoding: base64 to read bytes (nova never alters them to make them printable)",
+                    what()
+                ))),
+            },
+        }
+    }
+}
+
+/// A JSON request object whose fields were checked against the accepted names.
+pub struct Object {
+    map: Map<String, Value>,
+    /// How fields are named in messages, e.g. `records[2].`.
+    prefix: String,
+}
+
+/// Parses a request body as one JSON object with only `accepted` fields. An empty body is
+/// an empty object (every body of the API is optional or has required fields that say so).
+pub fn parse_body(body: &[u8], accepted: &[&str]) -> Result<Object, ApiError> {
+    if body.iter().all(u8::is_ascii_whitespace) {
+        return Ok(Object { map: Map::new(), prefix: String::new() });
+    }
+    let value: Value = serde_json::from_slice(body)
+        .map_err(|error| ApiError::invalid(format!("request body is not valid JSON: {error}")))?;
+    Object::from_value(value, String::new(), "request body", accepted)
+}
+
+impl Object {
+    fn from_value(
+        value: Value,
+        prefix: String,
+        what: &str,
+        accepted: &[&str],
+    ) -> Result<Object, ApiError> {
+        let Value::Object(map) = value else {
+            return Err(ApiError::invalid(format!(
+                "{what} must be a JSON object, not {}",
+                kind(&value)
+            )));
+        };
+        if let Some(unknown) = map.keys().find(|name| !accepted.contains(&name.as_str())) {
+            return Err(ApiError::invalid(format!(
+                "unknown field {prefix}{unknown:?} in {what}; accepted fields are {}",
+                accepted.join(", ")
+            )));
+        }
+        Ok(Object { map, prefix })
+    }
+
+    fn name(&self, field: &str) -> String {
+        format!("{}{field}", self.prefix)
+    }
+
+    fn get(&self, field: &str) -> Option<&Value> {
+        self.map.get(field).filter(|value| !value.is_null())
+    }
+
+    fn wrong(&self, field: &str, expected: &str, value: &Value) -> ApiError {
+        ApiError::invalid(format!(
+            "field {} must be {expected}, not {}",
+            self.name(field),
+            excerpt(value)
+        ))
+    }
+
+    pub fn has(&self, field: &str) -> bool {
+        self.get(field).is_some()
+    }
+
+    pub fn u64(&self, field: &str) -> Result<Option<u64>, ApiError> {
+        self.get(field)
+            .map(|value| {
+                value.as_u64().ok_or_else(|| self.wrong(field, "a whole number >= 0", value))
+            })
+            .transpose()
+    }
+
+    pub fn i64(&self, field: &str) -> Result<Option<i64>, ApiError> {
+        self.get(field)
+            .map(|value| value.as_i64().ok_or_else(|| self.wrong(field, "a whole number", value)))
+            .transpose()
+    }
+
+    pub fn bool(&self, field: &str) -> Result<Option<bool>, ApiError> {
+        self.get(field)
+            .map(|value| value.as_bool().ok_or_else(|| self.wrong(field, "true or false", value)))
+            .transpose()
+    }
+
+    pub fn str(&self, field: &str) -> Result<Option<&str>, ApiError> {
+        self.get(field)
+            .map(|value| value.as_str().ok_or_else(|| self.wrong(field, "a string", value)))
+            .transpose()
+    }
+
+    pub fn array(&self, field: &str) -> Result<Option<&Vec<Value>>, ApiError> {
+        self.get(field)
+            .map(|value| value.as_array().ok_or_else(|| self.wrong(field, "an array", value)))
+            .transpose()
+    }
+
+    fn required<T>(&self, field: &str, value: Option<T>) -> Result<T, ApiError> {
+        value.ok_or_else(|| ApiError::invalid(format!("field {} is required", self.name(field))))
+    }
+}
+
+fn kind(value: &Value) -> &'static str {
+    match value {
+        Value::Null => "null",
+        Value::Bool(_) => "a boolean",
+        Value::Number(_) => "a number",
+        Value::String(_) => "a string",
+        Value::Array(_) => "an array",
+        Value::Object(_) => "an object",
+    }
+}
+
+/// A value for an error message, cut short.
+fn excerpt(value: &Value) -> String {
+    let text = value.to_string();
+    if text.chars().count() > 64 {
+        format!("{}...", text.chars().take(64).collect::<String>())
+    } else {
+        text
+    }
+}
+
+// ---- Buckets and streams ------------------------------------------------------------
+
+/// The stream option fields, as a stream request names them (a bucket's add `default_`).
+const OPTION_FIELDS: [&str; 10] = [
+    "class",
+    "producer_policy",
+    "timestamping_mode",
+    "timestamping_uncapped",
+    "retention_max_age_ms",
+    "retention_max_bytes",
+    "batch_max_bytes",
+    "batch_max_records",
+    "batch_max_delay_ms",
+    "throughput_max_bytes_per_second",
+];
+
+fn bucket_fields(with_token: bool) -> Vec<String> {
+    let mut fields: Vec<String> =
+        ["create_stream_on_append", "create_stream_on_read", "location"].map(String::from).into();
+    if with_token {
+        fields.push("creation_token".into());
+    }
+    fields.extend(OPTION_FIELDS.iter().map(|field| format!("default_{field}")));
+    fields
+}
+
+fn stream_fields(with_token: bool) -> Vec<String> {
+    let mut fields: Vec<String> = OPTION_FIELDS.map(String::from).into();
+    if with_token {
+        fields.push("creation_token".into());
+    }
+    fields
+}
+
+fn parse_with(body: &[u8], fields: &[String]) -> Result<Object, ApiError> {
+    let accepted: Vec<&str> = fields.iter().map(String::as_str).collect();
+    parse_body(body, &accepted)
+}
+
+/// Reads the option fields (`prefix` is `default_` for a bucket) as a create request:
+/// absent, 0 and false mean "not set".
+fn options_request(
+    object: &Object,
+    prefix: &str,
+    scope: OptionScope,
+) -> Result<StreamOptionsRequest, ApiError> {
+    let name = |field: &str| format!("{prefix}{field}");
+    let number = |field: &str| object.u64(&name(field)).map(Option::unwrap_or_default);
+    Ok(StreamOptionsRequest {
+        class: object
+            .str(&name("class"))?
+            .map(|value| StorageClass::parse_in(value, scope))
+            .transpose()?,
+        producer_policy: object
+            .str(&name("producer_policy"))?
+            .map(|value| ProducerPolicy::parse_in(value, scope))
+            .transpose()?,
+        timestamping_mode: object
+            .str(&name("timestamping_mode"))?
+            .map(|value| TimestampingMode::parse_in(value, scope))
+            .transpose()?,
+        timestamping_uncapped: object.bool(&name("timestamping_uncapped"))?.unwrap_or(false),
+        retention_max_age_ms: number("retention_max_age_ms")?,
+        retention_max_bytes: number("retention_max_bytes")?,
+        batch_max_bytes: number("batch_max_bytes")?,
+        batch_max_records: number("batch_max_records")?,
+        batch_max_delay_ms: number("batch_max_delay_ms")?,
+        throughput_max_bytes_per_second: number("throughput_max_bytes_per_second")?,
+    })
+}
+
+/// CreateBucket's body: the configuration and the creation token.
+pub fn bucket_create(body: &[u8]) -> Result<(BucketConfigRequest, Option<String>), ApiError> {
+    let object = parse_with(body, &bucket_fields(true))?;
+    let request = bucket_request(&object)?;
+    Ok((request, object.str("creation_token")?.map(str::to_owned)))
+}
+
+/// UpdateBucket's body.
+pub fn bucket_update(body: &[u8]) -> Result<BucketConfigRequest, ApiError> {
+    bucket_request(&parse_with(body, &bucket_fields(false))?)
+}
+
+fn bucket_request(object: &Object) -> Result<BucketConfigRequest, ApiError> {
+    Ok(BucketConfigRequest {
+        location: object.str("location")?.unwrap_or_default().to_owned(),
+        create_stream_on_append: object.bool("create_stream_on_append")?.unwrap_or(false),
+        create_stream_on_read: object.bool("create_stream_on_read")?.unwrap_or(false),
+        defaults: options_request(object, "default_", OptionScope::BucketDefaults)?,
+    })
+}
+
+/// CreateStream's body: the options and the creation token.
+pub fn stream_create(body: &[u8]) -> Result<(StreamOptionsRequest, Option<String>), ApiError> {
+    let object = parse_with(body, &stream_fields(true))?;
+    let request = options_request(&object, "", OptionScope::Stream)?;
+    Ok((request, object.str("creation_token")?.map(str::to_owned)))
+}
+
+/// ReconfigureStream's body: the fields present are set, 0 included.
+pub fn stream_patch(body: &[u8]) -> Result<StreamOptionsPatch, ApiError> {
+    let object = parse_with(body, &stream_fields(false))?;
+    let scope = OptionScope::Stream;
+    Ok(StreamOptionsPatch {
+        class: object.str("class")?.map(|v| StorageClass::parse_in(v, scope)).transpose()?,
+        producer_policy: object
+            .str("producer_policy")?
+            .map(|v| ProducerPolicy::parse_in(v, scope))
+            .transpose()?,
+        timestamping_mode: object
+            .str("timestamping_mode")?
+            .map(|v| TimestampingMode::parse_in(v, scope))
+            .transpose()?,
+        timestamping_uncapped: object.bool("timestamping_uncapped")?,
+        retention_max_age_ms: object.u64("retention_max_age_ms")?,
+        retention_max_bytes: object.u64("retention_max_bytes")?,
+        batch_max_bytes: object.u64("batch_max_bytes")?,
+        batch_max_records: object.u64("batch_max_records")?,
+        batch_max_delay_ms: object.u64("batch_max_delay_ms")?,
+        throughput_max_bytes_per_second: object.u64("throughput_max_bytes_per_second")?,
+    })
+}
+
+fn options_json(options: &StreamOptions, prefix: &str, out: &mut Map<String, Value>) {
+    let mut put = |field: &str, value: Value| {
+        out.insert(format!("{prefix}{field}"), value);
+    };
+    put("class", json!(options.class.as_str()));
+    put("producer_policy", json!(options.producer_policy.as_str()));
+    put("timestamping_mode", json!(options.timestamping_mode.as_str()));
+    put("timestamping_uncapped", json!(options.timestamping_uncapped));
+    put("retention_max_age_ms", json!(options.retention_max_age_ms));
+    put("retention_max_bytes", json!(options.retention_max_bytes));
+    put("batch_max_bytes", json!(options.batch_max_bytes));
+    put("batch_max_records", json!(options.batch_max_records));
+    put("batch_max_delay_ms", json!(options.batch_max_delay_ms));
+    put("throughput_max_bytes_per_second", json!(options.throughput_max_bytes_per_second));
+}
+
+/// A bucket record.
+pub fn bucket_json(bucket: &BucketRecord) -> Value {
+    let mut out = Map::new();
+    out.insert("name".into(), json!(bucket.name.as_str()));
+    out.insert("location".into(), json!(bucket.config.location));
+    out.insert("create_stream_on_append".into(), json!(bucket.config.create_stream_on_append));
+    out.insert("create_stream_on_read".into(), json!(bucket.config.create_stream_on_read));
+    options_json(&bucket.config.defaults, "default_", &mut out);
+    out.insert("created_at_ms".into(), json!(bucket.created_at_ms));
+    Value::Object(out)
+}
+
+/// A stream record; GetStream adds the tail and the trim watermark.
+pub fn stream_json(stream: &StreamRecord, tail: Option<Tail>) -> Value {
+    let mut out = Map::new();
+    out.insert("bucket".into(), json!(stream.bucket.as_str()));
+    out.insert("key".into(), json!(stream.key.as_str()));
+    out.insert("id".into(), json!(stream.id.to_string()));
+    out.insert("created_at_ms".into(), json!(stream.created_at_ms));
+    options_json(&stream.options, "", &mut out);
+    if let Some(tail) = tail {
+        out.insert("tail".into(), position(tail));
+        out.insert("trim_seq_num".into(), json!(stream.trim_seq_num));
+    }
+    Value::Object(out)
+}
+
+// ---- Records ------------------------------------------------------------------------
+
+/// An Append's JSON body, encoded into the binary framing the engine takes.
+pub fn append_request(body: &[u8], encoding: Encoding) -> Result<AppendRequest, ApiError> {
+    let object = parse_body(body, &["records", "match_seq_num", "fencing_token"])?;
+    let records = object.required("records", object.array("records")?)?;
+    let match_seq_num = object.u64("match_seq_num")?;
+    let fencing_token = object.str("fencing_token")?;
+    if let Some(token) = fencing_token
+        && token.len() > FENCING_TOKEN_BYTES_MAX
+    {
+        return Err(ApiError::from_engine(&engine::Error::FencingTokenTooLong {
+            len: token.len(),
+            limit: FENCING_TOKEN_BYTES_MAX,
+        }));
+    }
+    let mut builder = AppendBuilder::new();
+    let mut offered = Offered::new();
+    for (index, record) in records.iter().enumerate() {
+        let prefix = format!("records[{index}].");
+        let what = format!("records[{index}]");
+        let record =
+            Object::from_value(record.clone(), prefix, &what, &["body", "headers", "timestamp"])?;
+        let text = record.required("body", record.str("body")?)?;
+        let body = encoding.decode(text, &|| format!("records[{index}].body"))?;
+        let mut headers = Vec::new();
+        for (h, pair) in
+            record.array("headers")?.map(Vec::as_slice).unwrap_or(&[]).iter().enumerate()
+        {
+            let field = || format!("records[{index}].headers[{h}]");
+            let [Value::String(name), Value::String(value)] =
+                pair.as_array().map(Vec::as_slice).unwrap_or(&[])
+            else {
+                return Err(ApiError::invalid(format!(
+                    "{} must be a [name, value] pair of strings, not {}",
+                    field(),
+                    excerpt(pair)
+                )));
+            };
+            let name = encoding.decode(name, &|| format!("{} name", field()))?;
+            let value = encoding.decode(value, &|| format!("{} value", field()))?;
+            headers.push((name, value));
+        }
+        builder
+            .push(&headers, &body)
+            .map_err(|error| ApiError::invalid(format!("records[{index}]: {error}")))?;
+        offered.push(record.i64("timestamp")?);
+    }
+    let conditions = AppendConditions { match_seq_num, fencing_token, timestamp: None };
+    Ok(AppendRequest { framed: builder.finish(&conditions), offered: Some(offered) })
+}
+
+/// The records of a read page (binary framing) as JSON record objects.
+pub fn records_json(frames: &[u8], encoding: Encoding) -> Result<Vec<Value>, ApiError> {
+    let mut out = Vec::new();
+    let mut at = 0;
+    while at < frames.len() {
+        let (frame, used) = match decode_frame(&frames[at..]) {
+            Ok(Some(decoded)) => decoded,
+            Ok(None) => return Err(ApiError::internal("a read page ends inside a frame")),
+            Err(error) => {
+                return Err(ApiError::internal(format!("a read page is corrupt: {error}")));
+            }
+        };
+        at += used;
+        let Frame::Records(run) = frame else { continue };
+        for (seq_num, timestamp, stored) in run.iter() {
+            let record = engine::record::decode(stored).map_err(|error| {
+                ApiError::internal(format!("stored record {seq_num} is corrupt: {error}"))
+            })?;
+            let mut headers = Vec::with_capacity(record.header_count());
+            for (name, value) in record.headers() {
+                headers.push(json!([
+                    encoding.encode(name, &|| format!("record {seq_num} (a header name)"))?,
+                    encoding.encode(value, &|| format!("record {seq_num} (a header value)"))?,
+                ]));
+            }
+            let body =
+                encoding.encode(record.body(), &|| format!("record {seq_num} (its body)"))?;
+            out.push(json!({
+                "seq_num": seq_num,
+                "timestamp": timestamp,
+                "headers": headers,
+                "body": body,
+            }));
+        }
+    }
+    Ok(out)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn unknown_fields_are_named() {
+        let error = append_request(br#"{"records":[],"match_seqnum":1}"#, Encoding::Text)
+            .expect_err("refused");
+        assert!(error.message.contains("\"match_seqnum\""), "{}", error.message);
+        let error =
+            append_request(br#"{"records":[{"bdy":"x"}]}"#, Encoding::Text).expect_err("refused");
+        assert!(error.message.contains("records[0].\"bdy\""), "{}", error.message);
+    }
+
+    #[test]
+    fn wrong_types_name_the_field() {
+        let error = stream_create(br#"{"retention_max_age_ms":"1h"}"#).expect_err("refused");
+        assert!(error.message.contains("field retention_max_age_ms"), "{}", error.message);
+        let error = bucket_create(br#"{"default_class":"fast"}"#).expect_err("refused");
+        assert!(error.message.contains("default_class"), "{}", error.message);
+    }
+
+    #[test]
+    fn base64_round_trips_every_byte() {
+        let all: Vec<u8> = (0..=255).collect();
+        let text = Encoding::Base64.encode(&all, &String::new).expect("encodes");
+        assert_eq!(Encoding::Base64.decode(&text, &String::new).expect("decodes"), all);
+        assert!(Encoding::Text.encode(&all, &|| "x".into()).is_err());
+    }
+}

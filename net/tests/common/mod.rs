@@ -1,0 +1,135 @@
+//! A real `nova serve` child process on a temporary data directory and a free port, for
+//! tests over real sockets. The child is killed when the guard drops.
+#![allow(dead_code)]
+
+use std::io::{BufRead, BufReader};
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, ExitStatus, Stdio};
+
+use net::client::{self, Response, Server};
+use serde_json::Value;
+
+pub struct Nova {
+    child: Option<Child>,
+    pub server: Server,
+    /// `http://HOST:PORT`.
+    pub url: String,
+    pub data_dir: PathBuf,
+}
+
+impl Nova {
+    /// A server with two shards on a fresh directory inside `dir`.
+    pub fn start(dir: &Path) -> Nova {
+        Nova::start_with(&dir.join("data"), &[], &[])
+    }
+
+    pub fn start_with(data_dir: &Path, flags: &[&str], env: &[(&str, &str)]) -> Nova {
+        let mut child = Command::new(env!("CARGO_BIN_EXE_nova"))
+            .args(["serve", "--listen", "127.0.0.1:0", "--data-dir"])
+            .arg(data_dir)
+            // Small journal segments: tests start many servers.
+            .args(["--shards", "2", "--journal-segment-bytes", "8MiB"])
+            .args(flags)
+            .envs(env.iter().copied())
+            .stdout(Stdio::piped())
+            .stderr(Stdio::inherit())
+            .spawn()
+            .expect("start nova serve");
+        let stdout = child.stdout.take().expect("stdout is piped");
+        let mut lines = BufReader::new(stdout).lines();
+        let url = loop {
+            match lines.next() {
+                Some(Ok(line)) => {
+                    if let Some(url) = line.strip_prefix("nova listening on ") {
+                        break url.to_owned();
+                    }
+                }
+                _ => {
+                    let status = child.wait().expect("wait for nova");
+                    panic!("nova serve ended before it listened: {status}");
+                }
+            }
+        };
+        let server = Server::parse(&url).expect("a server URL");
+        Nova { child: Some(child), server, url, data_dir: data_dir.to_owned() }
+    }
+
+    pub fn call(&self, method: &str, path: &str, body: Option<&str>) -> Response {
+        self.call_with(method, path, &[], body.map(str::as_bytes))
+    }
+
+    pub fn call_with(
+        &self,
+        method: &str,
+        path: &str,
+        headers: &[(&str, &str)],
+        body: Option<&[u8]>,
+    ) -> Response {
+        client::request(&self.server, method, path, headers, body)
+            .unwrap_or_else(|e| panic!("{method} {path}: {e}"))
+    }
+
+    /// Calls and checks the status; the JSON body.
+    pub fn ok(&self, method: &str, path: &str, body: Option<&str>, status: u16) -> Value {
+        let response = self.call(method, path, body);
+        assert_eq!(response.status, status, "{method} {path}: {}", response.text());
+        response.json()
+    }
+
+    /// Calls, expects an error with this status and code; the error body.
+    pub fn err(
+        &self,
+        method: &str,
+        path: &str,
+        body: Option<&str>,
+        status: u16,
+        code: &str,
+    ) -> Value {
+        let response = self.call(method, path, body);
+        let json = response.json();
+        assert_eq!(response.status, status, "{method} {path}: {}", response.text());
+        assert_eq!(json["code"], code, "{method} {path}: {}", response.text());
+        assert!(json["message"].as_str().is_some_and(|m| !m.is_empty()), "{json}");
+        json
+    }
+
+    pub fn pid(&self) -> i32 {
+        self.child.as_ref().map_or(0, |c| c.id() as i32)
+    }
+
+    /// Waits for the child to exit (after a signal sent elsewhere).
+    pub fn wait_exit(mut self) -> ExitStatus {
+        self.child.take().expect("running").wait().expect("wait for nova")
+    }
+
+    /// SIGTERM, then the exit status.
+    pub fn terminate(mut self) -> ExitStatus {
+        let mut child = self.child.take().expect("running");
+        // SAFETY: kill(2) on the pid of our own child, which has not been waited for, so
+        // the pid cannot have been reused.
+        let sent = unsafe { libc::kill(child.id() as i32, libc::SIGTERM) };
+        assert_eq!(sent, 0, "send SIGTERM");
+        child.wait().expect("wait for nova")
+    }
+}
+
+impl Drop for Nova {
+    fn drop(&mut self) {
+        if let Some(mut child) = self.child.take() {
+            let _ = child.kill();
+            let _ = child.wait();
+        }
+    }
+}
+
+/// Whether curl is on this machine.
+pub fn have_curl() -> bool {
+    Command::new("curl").arg("--version").stdout(Stdio::null()).status().is_ok_and(|s| s.success())
+}
+
+/// Runs a shell command (curl examples); its stdout.
+pub fn shell(command: &str) -> String {
+    let output = Command::new("sh").args(["-c", command]).output().expect("run sh");
+    assert!(output.status.success(), "{command}: {}", String::from_utf8_lossy(&output.stderr));
+    String::from_utf8_lossy(&output.stdout).into_owned()
+}

@@ -1,0 +1,900 @@
+//! The HTTP API of http-api.md over real sockets against a real `nova serve` child.
+
+mod common;
+
+use std::io::BufRead;
+use std::time::{Duration, Instant};
+
+use common::{Nova, have_curl, shell};
+use net::client::{self, next_event};
+use serde_json::{Value, json};
+
+fn tempdir() -> tempfile::TempDir {
+    tempfile::tempdir().expect("a temporary directory")
+}
+
+fn bodies(page: &Value) -> Vec<String> {
+    page["records"]
+        .as_array()
+        .expect("records")
+        .iter()
+        .map(|r| r["body"].as_str().expect("a text body").to_owned())
+        .collect()
+}
+
+#[test]
+fn seed_examples_work_verbatim_with_curl() {
+    if !have_curl() {
+        eprintln!("curl is not installed: the seed examples are covered by the other tests only");
+        return;
+    }
+    let dir = tempdir();
+    let nova = Nova::start(dir.path());
+    let host = nova.server.authority.clone();
+    let run = |command: &str| shell(&command.replace("localhost:8080", &host));
+    // seeds/buckets.md
+    let bucket: Value = serde_json::from_str(&run(
+        r#"curl -s -X POST localhost:8080/v1/buckets/apps -d '{"create_stream_on_append":true}'"#,
+    ))
+    .expect("json");
+    assert_eq!(bucket["name"], "apps");
+    assert_eq!(bucket["create_stream_on_append"], true);
+    let ack: Value = serde_json::from_str(&run(
+        "curl -s -X POST localhost:8080/v1/streams/apps/orders%2Feu/records \\\n  -d '{\"records\":[{\"body\":\"hi\"}]}'",
+    ))
+    .expect("json");
+    assert_eq!(ack["start"]["seq_num"], 0);
+    assert_eq!(ack["end"]["seq_num"], 1);
+    let list: Value =
+        serde_json::from_str(&run("curl -s 'localhost:8080/v1/buckets?limit=50'")).expect("json");
+    assert_eq!(list["buckets"][0]["name"], "apps");
+    assert_eq!(list["next"], "");
+    // seeds/retention.md, with the buckets they assume.
+    nova.ok("POST", "/v1/buckets/logs", None, 201);
+    let stream: Value = serde_json::from_str(&run(
+        r#"curl -s -X POST localhost:8080/v1/streams/logs/api -d '{"retention_max_age_ms":604800000}'"#,
+    ))
+    .expect("json");
+    assert_eq!(stream["retention_max_age_ms"], 604_800_000);
+    nova.ok("POST", "/v1/buckets/demo", None, 201);
+    nova.ok("POST", "/v1/streams/demo/events", None, 201);
+    assert_eq!(run("curl -s -X DELETE localhost:8080/v1/streams/demo/events"), "");
+    nova.err("GET", "/v1/streams/demo/events", None, 404, "not_found");
+    // The record the seed appended reads back.
+    let page = nova.ok("GET", "/v1/streams/apps/orders%2Feu/records", None, 200);
+    assert_eq!(bodies(&page), ["hi"]);
+}
+
+#[test]
+fn bucket_verbs_and_their_errors() {
+    let dir = tempdir();
+    let nova = Nova::start(dir.path());
+    let created = nova.ok(
+        "POST",
+        "/v1/buckets/alpha",
+        Some(r#"{"creation_token":"t1","default_class":"express","location":"here"}"#),
+        201,
+    );
+    assert_eq!(created["default_class"], "express");
+    assert_eq!(created["location"], "here");
+    assert_eq!(created["default_batch_max_bytes"], 8 << 20, "defaults are concrete");
+    for field in [
+        "name",
+        "create_stream_on_read",
+        "default_producer_policy",
+        "default_timestamping_mode",
+        "default_timestamping_uncapped",
+        "default_retention_max_age_ms",
+        "default_retention_max_bytes",
+        "default_batch_max_records",
+        "default_batch_max_delay_ms",
+        "default_throughput_max_bytes_per_second",
+        "created_at_ms",
+    ] {
+        assert!(created.get(field).is_some(), "bucket record lacks {field}: {created}");
+    }
+    // Same token and config converge; anything else is already_exists.
+    let again = nova.ok(
+        "POST",
+        "/v1/buckets/alpha",
+        Some(r#"{"creation_token":"t1","default_class":"express","location":"here"}"#),
+        200,
+    );
+    assert_eq!(again["created_at_ms"], created["created_at_ms"]);
+    nova.err(
+        "POST",
+        "/v1/buckets/alpha",
+        Some(r#"{"creation_token":"t2"}"#),
+        409,
+        "already_exists",
+    );
+    nova.err("POST", "/v1/buckets/alpha", None, 409, "already_exists");
+    assert_eq!(nova.ok("GET", "/v1/buckets/alpha", None, 200), created);
+    // Update replaces the config; omitted defaults go back to the domain default.
+    let updated =
+        nova.ok("PUT", "/v1/buckets/alpha", Some(r#"{"create_stream_on_read":true}"#), 200);
+    assert_eq!(updated["create_stream_on_read"], true);
+    assert_eq!(updated["default_class"], "standard");
+    nova.ok("POST", "/v1/buckets/beta", Some(""), 201);
+    nova.ok("POST", "/v1/buckets/gamma", None, 201);
+    let page = nova.ok("GET", "/v1/buckets?limit=2", None, 200);
+    let names: Vec<&str> = page["buckets"]
+        .as_array()
+        .expect("buckets")
+        .iter()
+        .map(|b| b["name"].as_str().expect("name"))
+        .collect();
+    assert_eq!(names, ["alpha", "beta"]);
+    assert_eq!(page["next"], "beta");
+    let page = nova.ok("GET", "/v1/buckets?limit=2&start_after=beta", None, 200);
+    assert_eq!(page["buckets"][0]["name"], "gamma");
+    assert_eq!(page["next"], "");
+    // Errors name the field and the value.
+    let bad = nova.err("POST", "/v1/buckets/Bad_Name", None, 400, "invalid_argument");
+    assert!(bad["message"].as_str().expect("message").contains("Bad_Name"), "{bad}");
+    let bad = nova.err(
+        "POST",
+        "/v1/buckets/delta",
+        Some(r#"{"default_clas":"express"}"#),
+        400,
+        "invalid_argument",
+    );
+    assert!(bad["message"].as_str().expect("message").contains("default_clas"), "{bad}");
+    let bad = nova.err(
+        "POST",
+        "/v1/buckets/delta",
+        Some(r#"{"default_class":"fast"}"#),
+        400,
+        "invalid_argument",
+    );
+    assert!(bad["message"].as_str().expect("message").contains("default_class"), "{bad}");
+    let bad = nova.err(
+        "POST",
+        "/v1/buckets/delta",
+        Some(r#"{"create_stream_on_append":"yes"}"#),
+        400,
+        "invalid_argument",
+    );
+    assert!(bad["message"].as_str().expect("message").contains("create_stream_on_append"), "{bad}");
+    nova.err("POST", "/v1/buckets/delta", Some("{not json"), 400, "invalid_argument");
+    nova.err("POST", "/v1/buckets/delta", Some("[1]"), 400, "invalid_argument");
+    let bad = nova.err("GET", "/v1/buckets?limit=0", None, 400, "invalid_argument");
+    assert!(bad["message"].as_str().expect("message").contains("limit"), "{bad}");
+    let bad = nova.err("GET", "/v1/buckets?limt=3", None, 400, "invalid_argument");
+    assert!(bad["message"].as_str().expect("message").contains("limt"), "{bad}");
+    nova.err("GET", "/v1/buckets?limit=x", None, 400, "invalid_argument");
+    nova.err("GET", "/v1/buckets/nope", None, 404, "not_found");
+    // A bucket with a stream cannot be deleted.
+    nova.ok("POST", "/v1/streams/alpha/s", None, 201);
+    nova.err("DELETE", "/v1/buckets/alpha", None, 412, "failed_precondition");
+    assert_eq!(nova.call("DELETE", "/v1/streams/alpha/s", None).status, 204);
+    let deleted = nova.call("DELETE", "/v1/buckets/alpha", None);
+    assert_eq!(deleted.status, 204);
+    assert!(deleted.body.is_empty());
+    nova.err("GET", "/v1/buckets/alpha", None, 404, "not_found");
+    nova.err("DELETE", "/v1/buckets/alpha", None, 404, "not_found");
+}
+
+#[test]
+fn stream_verbs_and_their_errors() {
+    let dir = tempdir();
+    let nova = Nova::start(dir.path());
+    nova.ok("POST", "/v1/buckets/shop", Some(r#"{"default_retention_max_age_ms":60000}"#), 201);
+    let created = nova.ok(
+        "POST",
+        "/v1/streams/shop/orders%2Feu",
+        Some(r#"{"class":"express","creation_token":"c1"}"#),
+        201,
+    );
+    assert_eq!(created["key"], "orders/eu");
+    assert_eq!(created["bucket"], "shop");
+    assert_eq!(created["class"], "express");
+    assert_eq!(created["retention_max_age_ms"], 60000, "copied from the bucket");
+    let id = created["id"].as_str().expect("id");
+    assert_eq!(id.len(), 32);
+    assert!(id.bytes().all(|b| b.is_ascii_hexdigit()));
+    nova.ok(
+        "POST",
+        "/v1/streams/shop/orders%2Feu",
+        Some(r#"{"class":"express","creation_token":"c1"}"#),
+        200,
+    );
+    nova.err("POST", "/v1/streams/shop/orders%2Feu", None, 409, "already_exists");
+    let got = nova.ok("GET", "/v1/streams/shop/orders%2Feu", None, 200);
+    assert_eq!(got["tail"], json!({"seq_num": 0, "timestamp": 0}));
+    assert_eq!(got["trim_seq_num"], 0);
+    assert_eq!(got["id"], created["id"]);
+    // Reconfigure: present fields are set, 0 included.
+    let patched = nova.ok(
+        "PATCH",
+        "/v1/streams/shop/orders%2Feu",
+        Some(r#"{"class":"standard","retention_max_age_ms":0}"#),
+        200,
+    );
+    assert_eq!(patched["class"], "standard");
+    assert_eq!(patched["retention_max_age_ms"], 0);
+    let bad = nova.err(
+        "PATCH",
+        "/v1/streams/shop/orders%2Feu",
+        Some(r#"{"timestamping_mode":"arrival"}"#),
+        400,
+        "invalid_argument",
+    );
+    assert!(bad["message"].as_str().expect("message").contains("timestamping_mode"), "{bad}");
+    nova.err(
+        "PATCH",
+        "/v1/streams/shop/orders%2Feu",
+        Some(r#"{"klass":"x"}"#),
+        400,
+        "invalid_argument",
+    );
+    // Listing by prefix, in key order, with paging.
+    nova.ok("POST", "/v1/streams/shop/orders%2Fus", None, 201);
+    nova.ok("POST", "/v1/streams/shop/returns", None, 201);
+    let page = nova.ok("GET", "/v1/streams/shop?prefix=orders%2F&limit=1", None, 200);
+    assert_eq!(page["streams"][0]["key"], "orders/eu");
+    assert_eq!(page["next"], "orders/eu");
+    let page = nova.ok("GET", "/v1/streams/shop?prefix=orders/&start_after=orders%2Feu", None, 200);
+    assert_eq!(page["streams"].as_array().expect("streams").len(), 1);
+    assert_eq!(page["streams"][0]["key"], "orders/us");
+    assert_eq!(page["next"], "");
+    nova.err("GET", "/v1/streams/nobucket", None, 404, "not_found");
+    // Delete: 204, again 204, never existed 404.
+    let deleted = nova.call("DELETE", "/v1/streams/shop/returns", None);
+    assert_eq!((deleted.status, deleted.body.len()), (204, 0));
+    assert_eq!(nova.call("DELETE", "/v1/streams/shop/returns", None).status, 204);
+    nova.err("DELETE", "/v1/streams/shop/never", None, 404, "not_found");
+    nova.err("GET", "/v1/streams/shop/returns", None, 404, "not_found");
+    // Observing verbs never create.
+    nova.err("GET", "/v1/streams/shop/ghost/tail", None, 404, "not_found");
+    nova.err("POST", "/v1/streams/shop/ghost/trim", Some(r#"{"seq_num":1}"#), 404, "not_found");
+    nova.err(
+        "POST",
+        "/v1/streams/shop/ghost/fence",
+        Some(r#"{"fencing_token":"a"}"#),
+        404,
+        "not_found",
+    );
+    // Bad keys, routes and methods.
+    let bad = nova.err("GET", "/v1/streams/shop/%FF", None, 400, "invalid_argument");
+    assert!(bad["message"].as_str().expect("message").contains("UTF-8"), "{bad}");
+    nova.err("GET", "/v1/streams/shop/a%01b", None, 400, "invalid_argument");
+    nova.err("GET", "/v1/nothing", None, 404, "not_found");
+    let wrong = nova.call("PUT", "/v1/streams/shop/orders%2Feu", None);
+    assert_eq!(wrong.status, 405);
+    assert!(wrong.header("allow").is_some_and(|a| a.contains("PATCH")));
+    let plan = nova.call("GET", "/v1/streams/shop/orders%2Feu/plan?seq_num=0", None);
+    assert_eq!(plan.status, 501);
+    assert_eq!(plan.json()["code"], "unimplemented");
+}
+
+#[test]
+fn append_read_and_their_conditions() {
+    let dir = tempdir();
+    let nova = Nova::start(dir.path());
+    nova.ok("POST", "/v1/buckets/bb1", Some(r#"{"default_class":"express"}"#), 201);
+    nova.ok("POST", "/v1/streams/bb1/s", None, 201);
+    let ack = nova.ok(
+        "POST",
+        "/v1/streams/bb1/s/records",
+        Some(r#"{"records":[{"body":"a","headers":[["k","v"],["k","w"]],"timestamp":5},{"body":""}]}"#),
+        200,
+    );
+    assert_eq!(ack["start"]["seq_num"], 0);
+    assert_eq!(ack["end"]["seq_num"], 2);
+    assert_eq!(ack["tail"]["seq_num"], 2);
+    let stamp = ack["start"]["timestamp"].clone();
+    assert_eq!(stamp, 5, "the offered stamp is below arrival, so it is kept");
+    let page = nova.ok("GET", "/v1/streams/bb1/s/records?seq_num=0", None, 200);
+    assert_eq!(
+        page["records"][0],
+        json!({"seq_num": 0, "timestamp": 5, "headers": [["k", "v"], ["k", "w"]], "body": "a"})
+    );
+    assert_eq!(page["records"][1]["body"], "");
+    assert_eq!(page["next_seq_num"], 2);
+    assert_eq!(page["tail"]["seq_num"], 2);
+    for i in 2..10 {
+        nova.ok(
+            "POST",
+            "/v1/streams/bb1/s/records",
+            Some(&format!(r#"{{"records":[{{"body":"r{i}"}}]}}"#)),
+            200,
+        );
+    }
+    // Bounds and starts.
+    let page = nova.ok("GET", "/v1/streams/bb1/s/records?seq_num=2&count=3", None, 200);
+    assert_eq!(bodies(&page), ["r2", "r3", "r4"]);
+    assert_eq!(page["next_seq_num"], 5);
+    let page = nova.ok("GET", "/v1/streams/bb1/s/records?seq_num=2&bytes=5", None, 200);
+    assert_eq!(bodies(&page), ["r2", "r3"]);
+    let page = nova.ok("GET", "/v1/streams/bb1/s/records?seq_num=2&bytes=1", None, 200);
+    assert_eq!(bodies(&page), ["r2"], "the first record is returned even when larger");
+    let page = nova.ok("GET", "/v1/streams/bb1/s/records?tail_offset=2", None, 200);
+    assert_eq!(bodies(&page), ["r8", "r9"]);
+    let page = nova.ok("GET", "/v1/streams/bb1/s/records?tail_offset=100&count=1", None, 200);
+    assert_eq!(page["records"][0]["seq_num"], 0);
+    let page = nova.ok("GET", "/v1/streams/bb1/s/records?timestamp=6&count=1", None, 200);
+    assert_eq!(page["records"][0]["seq_num"], 2);
+    let page = nova.ok("GET", "/v1/streams/bb1/s/records?seq_num=0&until=6", None, 200);
+    assert_eq!(page["records"].as_array().expect("records").len(), 2);
+    let page = nova.ok("GET", "/v1/streams/bb1/s/records?seq_num=10", None, 200);
+    assert_eq!(page["records"], json!([]), "a start at the tail is an empty page");
+    let past = nova.err("GET", "/v1/streams/bb1/s/records?seq_num=11", None, 416, "out_of_range");
+    assert_eq!(past["tail"]["seq_num"], 10);
+    let page = nova.ok("GET", "/v1/streams/bb1/s/records?seq_num=11&clamp=true", None, 200);
+    assert_eq!((page["records"].clone(), page["next_seq_num"].clone()), (json!([]), json!(10)));
+    nova.err("GET", "/v1/streams/bb1/s/records?count=0", None, 400, "invalid_argument");
+    nova.err("GET", "/v1/streams/bb1/s/records?bytes=0", None, 400, "invalid_argument");
+    let bad = nova.err("GET", "/v1/streams/bb1/s/records?wait=61", None, 400, "invalid_argument");
+    assert!(bad["message"].as_str().expect("message").contains("wait"), "{bad}");
+    nova.err(
+        "GET",
+        "/v1/streams/bb1/s/records?seq_num=1&timestamp=1",
+        None,
+        400,
+        "invalid_argument",
+    );
+    nova.err("GET", "/v1/streams/bb1/s/records?seq_num=-1", None, 400, "invalid_argument");
+    nova.err("GET", "/v1/streams/bb1/s/records?sequence=1", None, 400, "invalid_argument");
+    // Appends: malformed, unknown fields, conditions.
+    nova.err(
+        "POST",
+        "/v1/streams/bb1/s/records",
+        Some(r#"{"records":[]}"#),
+        400,
+        "invalid_argument",
+    );
+    nova.err("POST", "/v1/streams/bb1/s/records", Some(r#"{}"#), 400, "invalid_argument");
+    let bad = nova.err(
+        "POST",
+        "/v1/streams/bb1/s/records",
+        Some(r#"{"records":[{"body":1}]}"#),
+        400,
+        "invalid_argument",
+    );
+    assert!(bad["message"].as_str().expect("message").contains("records[0].body"), "{bad}");
+    let bad = nova.err(
+        "POST",
+        "/v1/streams/bb1/s/records",
+        Some(r#"{"records":[{"body":"x","headers":[["","v"]]}]}"#),
+        400,
+        "invalid_argument",
+    );
+    assert!(bad["message"].as_str().expect("message").contains("name"), "{bad}");
+    let mismatch = nova.err(
+        "POST",
+        "/v1/streams/bb1/s/records",
+        Some(r#"{"records":[{"body":"x"}],"match_seq_num":3}"#),
+        412,
+        "failed_precondition",
+    );
+    assert_eq!(mismatch["next_seq_num"], 10);
+    nova.ok(
+        "POST",
+        "/v1/streams/bb1/s/records",
+        Some(r#"{"records":[{"body":"x"}],"match_seq_num":10}"#),
+        200,
+    );
+    // Fencing.
+    let fenced = nova.ok("POST", "/v1/streams/bb1/s/fence", Some(r#"{"fencing_token":"f1"}"#), 200);
+    assert_eq!(fenced["tail"]["seq_num"], 11);
+    let refused = nova.err(
+        "POST",
+        "/v1/streams/bb1/s/records",
+        Some(r#"{"records":[{"body":"x"}],"fencing_token":"f0"}"#),
+        412,
+        "failed_precondition",
+    );
+    assert_eq!(refused["fencing_token"], "f1");
+    nova.ok(
+        "POST",
+        "/v1/streams/bb1/s/records",
+        Some(r#"{"records":[{"body":"x"}],"fencing_token":"f1"}"#),
+        200,
+    );
+    let refused = nova.err(
+        "POST",
+        "/v1/streams/bb1/s/fence",
+        Some(r#"{"fencing_token":"f2","expected":"nope"}"#),
+        412,
+        "failed_precondition",
+    );
+    assert_eq!(refused["fencing_token"], "f1");
+    nova.ok(
+        "POST",
+        "/v1/streams/bb1/s/fence",
+        Some(r#"{"fencing_token":"f2","expected":"f1"}"#),
+        200,
+    );
+    let long = "t".repeat(37);
+    let bad = nova.err(
+        "POST",
+        "/v1/streams/bb1/s/records",
+        Some(&format!(r#"{{"records":[{{"body":"x"}}],"fencing_token":"{long}"}}"#)),
+        400,
+        "invalid_argument",
+    );
+    assert!(bad["message"].as_str().expect("message").contains("36"), "{bad}");
+    nova.err("POST", "/v1/streams/bb1/s/fence", Some("{}"), 400, "invalid_argument");
+    // Tail and trim.
+    let tail = nova.ok("GET", "/v1/streams/bb1/s/tail", None, 200);
+    assert_eq!(tail["tail"]["seq_num"], 12);
+    assert_eq!(
+        nova.ok("POST", "/v1/streams/bb1/s/trim", Some(r#"{"seq_num":3}"#), 200)["trim_seq_num"],
+        3
+    );
+    assert_eq!(
+        nova.ok("POST", "/v1/streams/bb1/s/trim", Some(r#"{"seq_num":1}"#), 200)["trim_seq_num"],
+        3,
+        "only forward"
+    );
+    let page = nova.ok("GET", "/v1/streams/bb1/s/records?seq_num=0&count=1", None, 200);
+    assert_eq!(page["records"][0]["seq_num"], 3, "a start below the watermark begins at it");
+    assert_eq!(
+        nova.ok("POST", "/v1/streams/bb1/s/trim", Some(r#"{"seq_num":99}"#), 200)["trim_seq_num"],
+        12,
+        "clamped to the tail"
+    );
+    nova.err(
+        "POST",
+        "/v1/streams/bb1/s/trim",
+        Some(r#"{"seq_num":1,"timestamp":1}"#),
+        400,
+        "invalid_argument",
+    );
+    assert_eq!(nova.ok("GET", "/v1/streams/bb1/s", None, 200)["trim_seq_num"], 12);
+    // Autocreate on append only when the bucket says so.
+    nova.err(
+        "POST",
+        "/v1/streams/bb1/new/records",
+        Some(r#"{"records":[{"body":"x"}]}"#),
+        404,
+        "not_found",
+    );
+}
+
+#[test]
+fn throughput_cap_answers_resource_exhausted_with_retry_after() {
+    let dir = tempdir();
+    let nova = Nova::start(dir.path());
+    nova.ok("POST", "/v1/buckets/slow", None, 201);
+    nova.ok(
+        "POST",
+        "/v1/streams/slow/s",
+        Some(r#"{"throughput_max_bytes_per_second":1000,"class":"express"}"#),
+        201,
+    );
+    let record = "x".repeat(900);
+    let body = format!(r#"{{"records":[{{"body":"{record}"}},{{"body":"{record}"}}]}}"#);
+    let mut refused = None;
+    for _ in 0..10 {
+        let response = nova.call("POST", "/v1/streams/slow/s/records", Some(&body));
+        if response.status == 429 {
+            refused = Some(response);
+            break;
+        }
+        assert_eq!(response.status, 200, "{}", response.text());
+    }
+    let refused = refused.expect("the cap refuses within 10 batches of 1.8 KB at 1 KB/s");
+    assert_eq!(refused.json()["code"], "resource_exhausted");
+    let retry: u64 = refused.header("retry-after").expect("Retry-After").parse().expect("seconds");
+    assert!(retry >= 1);
+}
+
+#[test]
+fn request_bodies_over_the_limit_are_refused_before_they_are_read() {
+    let dir = tempdir();
+    let nova = Nova::start_with(&dir.path().join("data"), &["--http-body-bytes-max", "1MiB"], &[]);
+    nova.ok("POST", "/v1/buckets/big", Some(r#"{"create_stream_on_append":true}"#), 201);
+    let body = format!(r#"{{"records":[{{"body":"{}"}}]}}"#, "x".repeat(2 << 20));
+    let refused =
+        nova.err("POST", "/v1/streams/big/s/records", Some(&body), 400, "invalid_argument");
+    let message = refused["message"].as_str().expect("message");
+    assert!(message.contains("1048576") && message.contains("http-body-bytes-max"), "{message}");
+    // Chunked, so no Content-Length says it up front.
+    if have_curl() {
+        let path = dir.path().join("body.json");
+        std::fs::write(&path, &body).expect("write body");
+        let out = shell(&format!(
+            "curl -s -H 'Transfer-Encoding: chunked' --data-binary @{} {}/v1/streams/big/s/records",
+            path.display(),
+            nova.url
+        ));
+        let refused: Value = serde_json::from_str(&out).expect("json");
+        assert_eq!(refused["code"], "invalid_argument", "{out}");
+    }
+    nova.ok("POST", "/v1/streams/big/s/records", Some(r#"{"records":[{"body":"small"}]}"#), 200);
+}
+
+#[test]
+fn base64_round_trips_all_256_byte_values() {
+    use base64::Engine as _;
+    let b64 = base64::engine::general_purpose::STANDARD;
+    let dir = tempdir();
+    let nova = Nova::start(dir.path());
+    nova.ok("POST", "/v1/buckets/bin", Some(r#"{"create_stream_on_append":true}"#), 201);
+    let all: Vec<u8> = (0..=255).collect();
+    let body = json!({"records": [{"body": b64.encode(&all), "headers": [[b64.encode(&all[1..]), b64.encode(&all)]]}]});
+    let encoded = [("nova-encoding", "base64")];
+    let ack = nova.call_with(
+        "POST",
+        "/v1/streams/bin/s/records",
+        &encoded,
+        Some(body.to_string().as_bytes()),
+    );
+    assert_eq!(ack.status, 200, "{}", ack.text());
+    let page = nova.call_with("GET", "/v1/streams/bin/s/records", &encoded, None);
+    assert_eq!(page.status, 200, "{}", page.text());
+    let record = &page.json()["records"][0];
+    assert_eq!(b64.decode(record["body"].as_str().expect("body")).expect("base64"), all);
+    assert_eq!(
+        b64.decode(record["headers"][0][0].as_str().expect("name")).expect("base64"),
+        &all[1..]
+    );
+    assert_eq!(b64.decode(record["headers"][0][1].as_str().expect("value")).expect("base64"), all);
+    // Without base64, the page is refused, not mangled.
+    let refused = nova.err("GET", "/v1/streams/bin/s/records", None, 400, "invalid_argument");
+    assert!(refused["message"].as_str().expect("message").contains("base64"), "{refused}");
+    let bad = nova.call_with(
+        "POST",
+        "/v1/streams/bin/s/records",
+        &encoded,
+        Some(br#"{"records":[{"body":"***"}]}"#),
+    );
+    assert_eq!(bad.status, 400);
+    assert!(bad.json()["message"].as_str().expect("message").contains("records[0].body"));
+    let bad = nova.call_with("GET", "/v1/streams/bin/s/records", &[("nova-encoding", "hex")], None);
+    assert_eq!(bad.status, 400);
+}
+
+#[test]
+fn concurrent_producers_batches_stay_contiguous() {
+    let dir = tempdir();
+    let nova = Nova::start(dir.path());
+    nova.ok(
+        "POST",
+        "/v1/buckets/cop",
+        Some(r#"{"create_stream_on_append":true,"default_class":"express"}"#),
+        201,
+    );
+    const PRODUCERS: usize = 4;
+    const BATCHES: usize = 15;
+    const BATCH: usize = 5;
+    let acks: Vec<Vec<(u64, u64, usize, usize)>> = std::thread::scope(|scope| {
+        let handles: Vec<_> = (0..PRODUCERS)
+            .map(|p| {
+                let nova = &nova;
+                scope.spawn(move || {
+                    (0..BATCHES)
+                        .map(|b| {
+                            let records: Vec<Value> = (0..BATCH)
+                                .map(|r| json!({"body": format!("{p}-{b}-{r}")}))
+                                .collect();
+                            let ack = nova.ok(
+                                "POST",
+                                "/v1/streams/cop/s/records",
+                                Some(&json!({"records": records}).to_string()),
+                                200,
+                            );
+                            let start = ack["start"]["seq_num"].as_u64().expect("start");
+                            let end = ack["end"]["seq_num"].as_u64().expect("end");
+                            (start, end, p, b)
+                        })
+                        .collect()
+                })
+            })
+            .collect();
+        handles.into_iter().map(|h| h.join().expect("producer")).collect()
+    });
+    let mut all: Vec<(u64, u64, usize, usize)> = acks.into_iter().flatten().collect();
+    all.sort();
+    let mut next = 0;
+    for (start, end, ..) in &all {
+        assert_eq!((*start, *end), (next, next + BATCH as u64), "acks tile the stream");
+        next = *end;
+    }
+    let mut read = Vec::new();
+    while read.len() < PRODUCERS * BATCHES * BATCH {
+        let page =
+            nova.ok("GET", &format!("/v1/streams/cop/s/records?seq_num={}", read.len()), None, 200);
+        read.extend(bodies(&page));
+    }
+    for (start, _, p, b) in &all {
+        for r in 0..BATCH {
+            assert_eq!(
+                read[*start as usize + r],
+                format!("{p}-{b}-{r}"),
+                "batch {p}-{b} is contiguous"
+            );
+        }
+    }
+}
+
+#[test]
+fn long_poll_returns_when_records_arrive() {
+    let dir = tempdir();
+    let nova = Nova::start(dir.path());
+    nova.ok("POST", "/v1/buckets/lpo", Some(r#"{"default_class":"express"}"#), 201);
+    nova.ok("POST", "/v1/streams/lpo/s", None, 201);
+    // An empty wait holds at least its time, then answers empty.
+    let started = Instant::now();
+    let page = nova.ok("GET", "/v1/streams/lpo/s/records?seq_num=0&wait=1", None, 200);
+    assert!(started.elapsed() >= Duration::from_millis(950), "{:?}", started.elapsed());
+    assert_eq!(page["records"], json!([]));
+    let started = Instant::now();
+    let page = std::thread::scope(|scope| {
+        let poll = scope
+            .spawn(|| nova.ok("GET", "/v1/streams/lpo/s/records?seq_num=0&wait=30", None, 200));
+        nova.ok("POST", "/v1/streams/lpo/s/records", Some(r#"{"records":[{"body":"late"}]}"#), 200);
+        poll.join().expect("poll")
+    });
+    assert_eq!(bodies(&page), ["late"]);
+    assert!(started.elapsed() < Duration::from_secs(20), "{:?}", started.elapsed());
+}
+
+fn subscribe(nova: &Nova, query: &str, headers: &[(&str, &str)]) -> client::Streaming {
+    let mut all = vec![("accept", "text/event-stream")];
+    all.extend_from_slice(headers);
+    let stream = client::open(
+        &nova.server,
+        "GET",
+        &format!("/v1/streams/sub/s/records?{query}"),
+        &all,
+        None,
+        Some(Duration::from_secs(30)),
+    )
+    .expect("subscribe");
+    assert_eq!(stream.status, 200);
+    assert_eq!(stream.header("content-type"), Some("text/event-stream"));
+    stream
+}
+
+fn event(stream: &mut client::Streaming) -> client::Event {
+    next_event(&mut stream.body).expect("read an event").expect("an event before the end")
+}
+
+#[test]
+fn subscription_delivers_history_then_live_records_and_ends() {
+    let dir = tempdir();
+    let nova = Nova::start_with(&dir.path().join("data"), &[], &[("NOVA_SSE_HEARTBEAT_MS", "200")]);
+    nova.ok("POST", "/v1/buckets/sub", Some(r#"{"default_class":"express"}"#), 201);
+    nova.ok("POST", "/v1/streams/sub/s", None, 201);
+    let append = |bodies: &[&str]| {
+        let records: Vec<Value> = bodies.iter().map(|b| json!({"body": b})).collect();
+        nova.ok(
+            "POST",
+            "/v1/streams/sub/s/records",
+            Some(&json!({"records": records}).to_string()),
+            200,
+        );
+    };
+    append(&["h0", "h1", "h2"]);
+    let mut stream = subscribe(&nova, "seq_num=0", &[]);
+    let first = event(&mut stream);
+    assert_eq!((first.event.as_str(), first.id.as_deref()), ("batch", Some("2")));
+    let data: Value = serde_json::from_str(&first.data).expect("json");
+    assert_eq!(bodies(&data), ["h0", "h1", "h2"]);
+    assert_eq!(data["tail"]["seq_num"], 3);
+    // Idle: a ping with the tail.
+    let ping = event(&mut stream);
+    assert_eq!(ping.event, "ping");
+    assert_eq!(serde_json::from_str::<Value>(&ping.data).expect("json")["tail"]["seq_num"], 3);
+    // Live records follow with no gap and no duplicate.
+    append(&["l3", "l4"]);
+    let mut seen = Vec::new();
+    while seen.len() < 2 {
+        let next = event(&mut stream);
+        if next.event == "batch" {
+            let data: Value = serde_json::from_str(&next.data).expect("json");
+            seen.extend(bodies(&data));
+            assert_eq!(next.id.as_deref(), Some((2 + seen.len()).to_string().as_str()));
+        }
+    }
+    assert_eq!(seen, ["l3", "l4"]);
+    // Deleting the stream ends the subscription with not_found.
+    assert_eq!(nova.call("DELETE", "/v1/streams/sub/s", None).status, 204);
+    let end = loop {
+        let next = event(&mut stream);
+        if next.event != "ping" {
+            break next;
+        }
+    };
+    assert_eq!(end.event, "error");
+    assert_eq!(serde_json::from_str::<Value>(&end.data).expect("json")["code"], "not_found");
+    assert!(next_event(&mut stream.body).expect("read").is_none(), "the stream closes");
+}
+
+#[test]
+fn subscription_resumes_after_last_event_id_and_ends_at_a_bound() {
+    let dir = tempdir();
+    let nova = Nova::start(dir.path());
+    nova.ok("POST", "/v1/buckets/sub", Some(r#"{"default_class":"express"}"#), 201);
+    nova.ok("POST", "/v1/streams/sub/s", None, 201);
+    for i in 0..6 {
+        nova.ok(
+            "POST",
+            "/v1/streams/sub/s/records",
+            Some(&format!(r#"{{"records":[{{"body":"r{i}"}}]}}"#)),
+            200,
+        );
+    }
+    // Last-Event-ID wins over seq_num; count bounds the whole subscription.
+    let mut stream = subscribe(&nova, "seq_num=0&count=2", &[("last-event-id", "2")]);
+    let batch = event(&mut stream);
+    assert_eq!(batch.event, "batch");
+    let data: Value = serde_json::from_str(&batch.data).expect("json");
+    assert_eq!(bodies(&data), ["r3", "r4"]);
+    assert_eq!(batch.id.as_deref(), Some("4"));
+    assert_eq!(event(&mut stream).event, "end");
+    assert!(next_event(&mut stream.body).expect("read").is_none());
+    // A start past the tail is an HTTP error before any event.
+    let past = client::open(
+        &nova.server,
+        "GET",
+        "/v1/streams/sub/s/records?seq_num=99",
+        &[("accept", "text/event-stream")],
+        None,
+        None,
+    )
+    .expect("request");
+    assert_eq!(past.status, 416);
+    let past = past.finish().expect("body");
+    assert_eq!(past.json()["tail"]["seq_num"], 6);
+    let mut body = String::new();
+    let mut stream = subscribe(&nova, "seq_num=5&count=1", &[]);
+    while stream.body.read_line(&mut body).expect("read") > 0 {}
+    assert!(body.contains("event: batch\nid: 5\n"), "{body}");
+    assert!(body.ends_with("\n\n") && body.contains("event: end"), "{body}");
+}
+
+#[test]
+fn binary_framing_appends_and_reads() {
+    use engine::framing::{AppendBuilder, AppendConditions, Frame, decode_frame};
+    let dir = tempdir();
+    let nova = Nova::start(dir.path());
+    nova.ok(
+        "POST",
+        "/v1/buckets/frm",
+        Some(r#"{"create_stream_on_append":true,"default_class":"express"}"#),
+        201,
+    );
+    let mut builder = AppendBuilder::new();
+    builder.push(&[(b"k".as_slice(), b"\xff".as_slice())], b"\x00bin").expect("fits");
+    builder.push::<&[u8], &[u8]>(&[], b"two").expect("fits");
+    let framed = builder.finish(&AppendConditions { match_seq_num: Some(0), ..Default::default() });
+    let media = [("content-type", "application/x-nova-records")];
+    let ack = nova.call_with("POST", "/v1/streams/frm/s/records", &media, Some(&framed));
+    assert_eq!(ack.status, 200, "{}", ack.text());
+    assert_eq!(ack.json()["end"]["seq_num"], 2);
+    // The condition in the prefix is checked.
+    let again = nova.call_with("POST", "/v1/streams/frm/s/records", &media, Some(&framed));
+    assert_eq!(again.status, 412);
+    assert_eq!(again.json()["next_seq_num"], 2);
+    let garbage =
+        nova.call_with("POST", "/v1/streams/frm/s/records", &media, Some(b"\x07nonsense"));
+    assert_eq!(garbage.status, 400, "{}", garbage.text());
+    let page = nova.call_with(
+        "GET",
+        "/v1/streams/frm/s/records?seq_num=0",
+        &[("accept", "application/x-nova-records")],
+        None,
+    );
+    assert_eq!(page.status, 200);
+    assert_eq!(page.header("content-type"), Some("application/x-nova-records"));
+    let mut at = 0;
+    let mut records = Vec::new();
+    let mut end = None;
+    while let Some((frame, used)) = decode_frame(&page.body[at..]).expect("valid frames") {
+        match frame {
+            Frame::Records(run) => {
+                for (seq_num, _, stored) in run.iter() {
+                    let record = engine::record::decode(stored).expect("a record");
+                    let headers: Vec<(Vec<u8>, Vec<u8>)> =
+                        record.headers().map(|(n, v)| (n.to_vec(), v.to_vec())).collect();
+                    records.push((seq_num, headers, record.body().to_vec()));
+                }
+            }
+            Frame::PageEnd { next_seq_num, tail } => end = Some((next_seq_num, tail.seq_num)),
+            other => panic!("unexpected frame {other:?}"),
+        }
+        at += used;
+    }
+    assert_eq!(at, page.body.len());
+    assert_eq!(records[0], (0, vec![(b"k".to_vec(), b"\xff".to_vec())], b"\x00bin".to_vec()));
+    assert_eq!(records[1], (1, vec![], b"two".to_vec()));
+    assert_eq!(end, Some((2, 2)));
+}
+
+#[test]
+fn health_metrics_and_request_ids() {
+    let dir = tempdir();
+    let nova = Nova::start(dir.path());
+    let health = nova.call("GET", "/health", None);
+    assert_eq!(health.status, 200);
+    let id = health.header("x-request-id").expect("a request id").to_owned();
+    assert_eq!(health.header("nova-request-id"), Some(id.as_str()));
+    let echoed = nova.call_with("GET", "/health", &[("x-request-id", "abc-123")], None);
+    assert_eq!(echoed.header("x-request-id"), Some("abc-123"));
+    let missing = nova.call("GET", "/v1/buckets/none-here", None);
+    assert!(missing.header("x-request-id").is_some(), "errors carry the id too");
+    let metrics = nova.call("GET", "/metrics", None);
+    assert_eq!(metrics.status, 200);
+    let text = metrics.text();
+    assert!(text.contains(r#"nova_http_requests_total{route="health",status="200"} 2"#), "{text}");
+    assert!(
+        text.contains(r#"nova_http_requests_total{route="get_bucket",status="404"} 1"#),
+        "{text}"
+    );
+    assert!(text.contains(r#"nova_shard_batches_acked_total{shard="1"}"#), "{text}");
+}
+
+#[test]
+fn sigterm_exits_zero_and_acknowledged_records_survive_a_restart() {
+    let dir = tempdir();
+    let data = dir.path().join("data");
+    let nova = Nova::start_with(&data, &[], &[]);
+    nova.ok("POST", "/v1/buckets/keep", Some(r#"{"create_stream_on_append":true}"#), 201);
+    for class in ["standard", "express"] {
+        nova.ok(
+            "POST",
+            &format!("/v1/streams/keep/{class}"),
+            Some(&format!(r#"{{"class":"{class}"}}"#)),
+            201,
+        );
+        for i in 0..3 {
+            nova.ok(
+                "POST",
+                &format!("/v1/streams/keep/{class}/records"),
+                Some(&format!(r#"{{"records":[{{"body":"{class}{i}"}}]}}"#)),
+                200,
+            );
+        }
+    }
+    // A long poll in flight when the signal comes is answered, not cut.
+    let status = std::thread::scope(|scope| {
+        let poll = scope
+            .spawn(|| nova.call("GET", "/v1/streams/keep/express/records?seq_num=3&wait=30", None));
+        // The poll is in flight once the server counts it (with the metrics request itself).
+        while in_flight(&nova) < 2 {
+            std::thread::yield_now();
+        }
+        let pid = nova.pid();
+        // SAFETY: kill(2) on our own child, which has not been waited for.
+        assert_eq!(unsafe { libc::kill(pid, libc::SIGTERM) }, 0);
+        let answered = poll.join().expect("poll");
+        assert_eq!(answered.status, 200, "{}", answered.text());
+        answered.status
+    });
+    assert_eq!(status, 200);
+    let exit = nova.wait_exit();
+    assert!(exit.success(), "{exit}");
+    let nova = Nova::start_with(&data, &[], &[]);
+    for class in ["standard", "express"] {
+        assert_eq!(
+            read_all(&nova, &format!("/v1/streams/keep/{class}")),
+            [0, 1, 2].map(|i| format!("{class}{i}"))
+        );
+    }
+}
+
+/// Every record's body, paging until the tail (a page may end early, at a chunk).
+fn read_all(nova: &Nova, stream: &str) -> Vec<String> {
+    let mut all = Vec::new();
+    let mut next = 0;
+    loop {
+        let page = nova.ok("GET", &format!("{stream}/records?seq_num={next}"), None, 200);
+        all.extend(bodies(&page));
+        next = page["next_seq_num"].as_u64().expect("next_seq_num");
+        if next == page["tail"]["seq_num"].as_u64().expect("tail") {
+            return all;
+        }
+    }
+}
+
+fn in_flight(nova: &Nova) -> u64 {
+    let text = nova.call("GET", "/metrics", None).text();
+    text.lines()
+        .filter(|l| l.starts_with("nova_http_requests_in_flight{"))
+        .filter_map(|l| l.rsplit(' ').next()?.parse::<u64>().ok())
+        .sum()
+}
