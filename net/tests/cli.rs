@@ -1,0 +1,133 @@
+//! The `nova` client verbs against a real `nova serve` child.
+
+mod common;
+
+use std::io::Write as _;
+use std::process::{Command, Output, Stdio};
+
+use common::Nova;
+use serde_json::Value;
+
+fn nova_cli(server: &Nova, args: &[&str], stdin: Option<&str>) -> Output {
+    let mut child = Command::new(env!("CARGO_BIN_EXE_nova"))
+        .args(["--server", &server.url])
+        .args(args)
+        .stdin(Stdio::piped())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .expect("run nova");
+    let mut input = child.stdin.take().expect("stdin");
+    input.write_all(stdin.unwrap_or("").as_bytes()).expect("write stdin");
+    drop(input);
+    child.wait_with_output().expect("nova output")
+}
+
+fn ok(server: &Nova, args: &[&str], stdin: Option<&str>) -> String {
+    let out = nova_cli(server, args, stdin);
+    assert!(out.status.success(), "nova {args:?}: {}", String::from_utf8_lossy(&out.stderr));
+    String::from_utf8_lossy(&out.stdout).into_owned()
+}
+
+#[test]
+fn client_verbs_round_trip_through_the_server() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let server = Nova::start(dir.path());
+    ok(
+        &server,
+        &["bucket", "create", "apps", "--create-on-append", "--default-class", "express"],
+        None,
+    );
+    ok(&server, &["bucket", "create", "logs"], None);
+    assert_eq!(ok(&server, &["ls"], None), "apps\nlogs\n");
+    let got: Value = serde_json::from_str(&ok(&server, &["--json", "bucket", "get", "apps"], None))
+        .expect("json");
+    assert_eq!(got["default_class"], "express");
+    assert_eq!(
+        ok(&server, &["bucket", "list", "--limit", "1"], None),
+        "apps\n(more: --cursor apps)\n"
+    );
+    ok(
+        &server,
+        &["stream", "create", "--bucket", "logs", "--key", "api", "--retention-max-age", "168h"],
+        None,
+    );
+    let stream: Value =
+        serde_json::from_str(&ok(&server, &["stream", "get", "nova://logs/api", "--json"], None))
+            .expect("json");
+    assert_eq!(stream["retention_max_age_ms"], 604_800_000);
+    ok(&server, &["stream", "reconfigure", "nova://logs/api", "--retention-max-age", "24h"], None);
+    let appended = ok(
+        &server,
+        &["append", "nova://apps/orders/eu", "--batch", "2"],
+        Some("one\ntwo\nthree\n"),
+    );
+    assert!(appended.contains("appended 3 records"), "{appended}");
+    assert_eq!(
+        ok(&server, &["stream", "list", "nova://apps", "--prefix", "orders/"], None),
+        "orders/eu\n"
+    );
+    assert_eq!(ok(&server, &["read", "nova://apps/orders/eu"], None), "one\ntwo\nthree\n");
+    assert_eq!(
+        ok(&server, &["read", "nova://apps/orders/eu", "--from-seq", "1", "--count", "1"], None),
+        "two\n"
+    );
+    assert_eq!(
+        ok(&server, &["read", "nova://apps/orders/eu", "-f", "--count", "3"], None),
+        "one\ntwo\nthree\n"
+    );
+    assert!(ok(&server, &["tail", "nova://apps/orders/eu"], None).contains("next_seq_num 3"));
+    assert!(
+        ok(&server, &["trim", "nova://apps/orders/eu", "--seq", "1"], None)
+            .contains("trim_seq_num 1")
+    );
+    ok(&server, &["fence", "nova://apps/orders/eu", "--token", "w1"], None);
+    // Failures exit non-zero with the server's message.
+    let refused = nova_cli(
+        &server,
+        &["fence", "nova://apps/orders/eu", "--token", "w2", "--expected", "nope"],
+        None,
+    );
+    assert_eq!(refused.status.code(), Some(1));
+    assert!(String::from_utf8_lossy(&refused.stderr).contains("failed_precondition"));
+    let missing = nova_cli(&server, &["stream", "get", "nova://apps/missing"], None);
+    assert_eq!(missing.status.code(), Some(1));
+    assert!(String::from_utf8_lossy(&missing.stderr).contains("not_found"));
+    let usage = nova_cli(&server, &["read", "apps/orders"], None);
+    assert_eq!(usage.status.code(), Some(2));
+    ok(&server, &["stream", "delete", "nova://logs/api"], None);
+    ok(&server, &["bucket", "delete", "logs"], None);
+    assert_eq!(ok(&server, &["ls"], None), "apps\n");
+}
+
+#[test]
+fn every_verb_has_help_with_an_example() {
+    let verbs: [&[&str]; 16] = [
+        &["serve"],
+        &["ls"],
+        &["bucket", "create"],
+        &["bucket", "get"],
+        &["bucket", "list"],
+        &["bucket", "delete"],
+        &["stream", "create"],
+        &["stream", "get"],
+        &["stream", "delete"],
+        &["stream", "reconfigure"],
+        &["stream", "list"],
+        &["append"],
+        &["read"],
+        &["tail"],
+        &["trim"],
+        &["fence"],
+    ];
+    for verb in verbs {
+        let out = Command::new(env!("CARGO_BIN_EXE_nova"))
+            .args(verb)
+            .arg("--help")
+            .output()
+            .expect("run nova");
+        let text = String::from_utf8_lossy(&out.stdout);
+        assert!(out.status.success(), "{verb:?}");
+        assert!(text.contains("example"), "nova {verb:?} --help: {text}");
+    }
+}
