@@ -1,0 +1,82 @@
+//! The curl examples of `docs/api.md`, run in order against a real server and compared
+//! with the output the page shows.
+
+mod common;
+
+use common::{Nova, have_curl, shell};
+use serde_json::Value;
+
+/// Whether `actual` has the shape and values of `expected`, where the string `"..."`
+/// stands for any value.
+fn matches(expected: &Value, actual: &Value) -> bool {
+    match (expected, actual) {
+        (Value::String(s), _) if s == "..." => true,
+        (Value::Object(e), Value::Object(a)) => {
+            e.len() == a.len() && e.iter().all(|(k, v)| a.get(k).is_some_and(|got| matches(v, got)))
+        }
+        (Value::Array(e), Value::Array(a)) => {
+            e.len() == a.len() && e.iter().zip(a).all(|(e, a)| matches(e, a))
+        }
+        _ => expected == actual,
+    }
+}
+
+/// The fenced blocks of a markdown page: (language, text).
+fn blocks(page: &str) -> Vec<(String, String)> {
+    let mut out = Vec::new();
+    let mut current: Option<(String, String)> = None;
+    for line in page.lines() {
+        match (&mut current, line.strip_prefix("```")) {
+            (None, Some(lang)) => current = Some((lang.trim().to_owned(), String::new())),
+            (Some(_), Some(_)) => out.extend(current.take()),
+            (Some((_, text)), None) => {
+                text.push_str(line);
+                text.push('\n');
+            }
+            (None, None) => {}
+        }
+    }
+    out
+}
+
+#[test]
+fn the_curl_examples_of_docs_api_md_work() {
+    if !have_curl() {
+        eprintln!("curl is not installed: docs/api.md's examples are not run");
+        return;
+    }
+    let page = std::fs::read_to_string(concat!(env!("CARGO_MANIFEST_DIR"), "/../docs/api.md"))
+        .expect("docs/api.md");
+    let dir = tempfile::tempdir().expect("tempdir");
+    let nova = Nova::start(dir.path());
+    let blocks = blocks(&page);
+    let mut ran = 0;
+    for (i, (lang, text)) in blocks.iter().enumerate() {
+        if lang != "sh" {
+            continue;
+        }
+        let output = shell(&text.replace("localhost:8080", &nova.server.authority));
+        ran += 1;
+        match blocks.get(i + 1) {
+            Some((lang, expected)) if lang == "json" => {
+                let expected: Value =
+                    serde_json::from_str(expected).expect("the page's json is json");
+                let actual: Value = serde_json::from_str(&output)
+                    .unwrap_or_else(|e| panic!("{text}: output is not json ({e}): {output}"));
+                assert!(matches(&expected, &actual), "{text}\nexpected {expected}\ngot {actual}");
+            }
+            Some((lang, expected)) if lang == "text" => {
+                let pattern: Vec<&str> = expected.split("...").collect();
+                let mut rest = output.as_str();
+                for part in pattern {
+                    let at = rest
+                        .find(part)
+                        .unwrap_or_else(|| panic!("{text}\nexpected {expected}\ngot {output}"));
+                    rest = &rest[at + part.len()..];
+                }
+            }
+            _ => {}
+        }
+    }
+    assert!(ran >= 10, "the page has its examples ({ran} run)");
+}
