@@ -20,6 +20,8 @@ mod local;
 mod range;
 mod retry;
 mod s3;
+#[cfg(feature = "testing")]
+pub mod testing;
 
 use std::future::Future;
 use std::pin::Pin;
