@@ -5,6 +5,9 @@
 //! a/<bucket>/<key>      -> address row: the ID   (ListStreams scans "a/<bucket>/<prefix>")
 //! s/<16-byte id>        -> stream row            (everything per stream is keyed by ID)
 //! d/<bucket>/<key>      -> deleted marker: the ID last deleted at the address
+//! r/<16-byte id><8-byte big-endian first seq>
+//!                       -> ref: where one chunk of the stream is in the object store
+//!                          (a stream's refs scan in sequence order under "r/<id>")
 //! ```
 //!
 //! Bucket names are `a-z0-9-` (never `/`), so `a/<bucket>/` is a prefix of exactly that
@@ -26,6 +29,8 @@ pub const ADDRESSES: &[u8] = b"a/";
 pub const STREAMS: &[u8] = b"s/";
 /// Prefix of deleted markers.
 pub const DELETED: &[u8] = b"d/";
+/// Prefix of refs.
+pub const REFS: &[u8] = b"r/";
 
 /// The longest key this layout builds: an address or marker of the longest bucket name and
 /// stream key. Far below the store's key limit, so a valid name never makes an invalid key.
@@ -57,6 +62,16 @@ pub fn addresses_of(bucket: &BucketName) -> Vec<u8> {
 /// `s/<id>`.
 pub fn stream(id: &StreamId) -> Vec<u8> {
     join(&[STREAMS, id.as_bytes()])
+}
+
+/// `r/<id>`: every ref of the stream, in sequence order.
+pub fn refs_of(id: &StreamId) -> Vec<u8> {
+    join(&[REFS, id.as_bytes()])
+}
+
+/// `r/<id><first seq, big-endian>`.
+pub fn chunk_ref(id: &StreamId, first_seq_num: u64) -> Vec<u8> {
+    join(&[REFS, id.as_bytes(), &first_seq_num.to_be_bytes()])
 }
 
 /// `d/<bucket>/<key>`.

@@ -45,7 +45,13 @@ use crate::names::{BucketName, STREAM_KEY_BYTES_MAX, StreamKey};
 use crate::options::{
     BucketConfig, BucketConfigRequest, StreamOptions, StreamOptionsPatch, StreamOptionsRequest,
 };
+pub use rows::RefRow;
 use rows::{AddressRow, BucketId, BucketRow, BucketState, DeletedRow, StreamRow, StreamState};
+
+/// Refs written per metadata transaction: under the store's operation cap
+/// ([`crate::meta::TXN_OPS_MAX`]) and, at the longest object key, its byte cap.
+pub const REFS_PER_TXN: usize = 100;
+const _: () = assert!(REFS_PER_TXN <= crate::meta::TXN_OPS_MAX as usize);
 
 /// How many times a verb re-reads and retries after its transaction lost a race before it
 /// gives up with [`Error::Contended`]. A lost race means another writer made progress, so
@@ -755,6 +761,57 @@ impl<S: MetaStore> ControlPlane<S> {
             }
         }
         Err(Error::Contended { op: "set trim seq_num", attempts: ATTEMPTS_MAX })
+    }
+
+    // ---- Refs: where each durable chunk is in the object store --------------------------
+
+    /// Makes `refs` durable (new ones, or settled locations replacing transit ones under
+    /// the same key). Each transaction of [`REFS_PER_TXN`] is atomic; the call returns
+    /// once all are durable. A ref names one chunk, so a reader sees either location of
+    /// a chunk, never a gap, whichever transactions have applied.
+    pub async fn put_refs(&self, refs: &[RefRow]) -> Result<()> {
+        for part in refs.chunks(REFS_PER_TXN) {
+            let txn = part.iter().fold(Txn::new(), |txn, row| {
+                txn.put(keys::chunk_ref(&row.id, row.first_seq_num), row.encode())
+            });
+            self.store.commit(txn).await?;
+        }
+        Ok(())
+    }
+
+    /// Every ref of the stream, in sequence order.
+    pub async fn refs_of(&self, id: StreamId) -> Result<Vec<RefRow>> {
+        let prefix = keys::refs_of(&id);
+        let mut refs = Vec::new();
+        let mut after: Option<Vec<u8>> = None;
+        loop {
+            let page =
+                self.store.scan(&prefix, after.as_deref(), crate::meta::SCAN_ENTRIES_MAX).await?;
+            for (key, found) in &page.entries {
+                let row = RefRow::decode(&found.value).map_err(|error| corrupt(key, error))?;
+                if *key != keys::chunk_ref(&id, row.first_seq_num) {
+                    return Err(corrupt(
+                        key,
+                        format!("holds stream {} seq {}", row.id, row.first_seq_num),
+                    ));
+                }
+                refs.push(row);
+            }
+            match page.entries.last() {
+                Some((key, _)) if page.more => after = Some(key.clone()),
+                _ => return Ok(refs),
+            }
+        }
+    }
+
+    /// Removes the refs of the stream's chunks that start at these sequence numbers.
+    pub async fn delete_refs(&self, id: StreamId, first_seq_nums: &[u64]) -> Result<()> {
+        for part in first_seq_nums.chunks(REFS_PER_TXN) {
+            let txn =
+                part.iter().fold(Txn::new(), |txn, seq| txn.delete(keys::chunk_ref(&id, *seq)));
+            self.store.commit(txn).await?;
+        }
+        Ok(())
     }
 
     // ---- Reads and writes of rows --------------------------------------------------------

@@ -58,6 +58,8 @@ pub(crate) enum RowKind {
     Stream = 3,
     /// `d/<bucket>/<key>`.
     Deleted = 4,
+    /// `r/<id><first seq>`.
+    Ref = 5,
 }
 
 impl RowKind {
@@ -67,6 +69,7 @@ impl RowKind {
             2 => Some(RowKind::Address),
             3 => Some(RowKind::Stream),
             4 => Some(RowKind::Deleted),
+            5 => Some(RowKind::Ref),
             _ => None,
         }
     }
@@ -77,6 +80,7 @@ impl RowKind {
             RowKind::Address => "address",
             RowKind::Stream => "stream",
             RowKind::Deleted => "deleted marker",
+            RowKind::Ref => "ref",
         }
     }
 }
@@ -178,7 +182,45 @@ pub(crate) struct DeletedRow {
     pub deleted_at_ms: u64,
 }
 
+/// `r/<id><first seq>`: where one durable chunk of a stream is in the object store: the
+/// slot (envelope and chunk) at `offset..offset + length` of `object`, in a transit
+/// bundle or a settled object. Written before a standard batch is acknowledged and
+/// before an express chunk's journal space is given up; rewritten in place (same key,
+/// same chunk) when settling moves the chunk.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct RefRow {
+    pub id: StreamId,
+    pub first_seq_num: u64,
+    pub record_count: u32,
+    pub last_timestamp: u64,
+    /// Stored-record bytes in the chunk.
+    pub data_len: u32,
+    /// The object's key in the store.
+    pub object: String,
+    pub offset: u64,
+    pub length: u64,
+}
+
+impl RefRow {
+    /// One past the chunk's last sequence number.
+    pub fn end_seq_num(&self) -> u64 {
+        self.first_seq_num + u64::from(self.record_count)
+    }
+}
+
 // ---- Version 1 archives: the persisted layout. Never change these structs. ------------
+
+#[derive(Archive, Serialize, Deserialize)]
+struct RefV1 {
+    id: [u8; 16],
+    first_seq_num: u64,
+    record_count: u32,
+    last_timestamp: u64,
+    data_len: u32,
+    object: String,
+    offset: u64,
+    length: u64,
+}
 
 #[derive(Archive, Serialize, Deserialize)]
 struct OptionsV1 {
@@ -447,6 +489,50 @@ impl DeletedRow {
     }
 }
 
+impl RefRow {
+    pub(crate) fn encode(&self) -> Vec<u8> {
+        frame(
+            RowKind::Ref,
+            &RefV1 {
+                id: self.id.0,
+                first_seq_num: self.first_seq_num,
+                record_count: self.record_count,
+                last_timestamp: self.last_timestamp,
+                data_len: self.data_len,
+                object: self.object.clone(),
+                offset: self.offset,
+                length: self.length,
+            },
+        )
+    }
+
+    pub(crate) fn decode(bytes: &[u8]) -> Result<Self, RowError> {
+        let row: RefV1 = unframe(RowKind::Ref, bytes)?;
+        if row.record_count == 0 {
+            return Err(RowError::Invalid {
+                field: "ref record count",
+                message: "a chunk holds at least one record".into(),
+            });
+        }
+        if row.first_seq_num.checked_add(u64::from(row.record_count)).is_none() {
+            return Err(RowError::Invalid {
+                field: "ref sequence range",
+                message: format!("{} + {} overflows", row.first_seq_num, row.record_count),
+            });
+        }
+        Ok(RefRow {
+            id: StreamId(row.id),
+            first_seq_num: row.first_seq_num,
+            record_count: row.record_count,
+            last_timestamp: row.last_timestamp,
+            data_len: row.data_len,
+            object: row.object,
+            offset: row.offset,
+            length: row.length,
+        })
+    }
+}
+
 // ---- Decoding ---------------------------------------------------------------------------
 
 /// Checks the header and returns the validated, deserialized archive.
@@ -682,6 +768,11 @@ mod tests {
             ("stream live defaults", stream_live().encode()),
             ("stream deleted every field", stream_deleted().encode()),
             ("deleted marker", marker().encode()),
+            (
+                "key ref 000102..0f seq 0x0102030405060708",
+                keys::chunk_ref(&id(0x00), 0x0102_0304_0506_0708),
+            ),
+            ("ref", a_ref().encode()),
         ];
         crate::golden::check("control_rows.txt", &cases);
     }
@@ -700,6 +791,30 @@ mod tests {
         let address = AddressRow { id: id(9) };
         assert_eq!(AddressRow::decode(&address.encode()), Ok(address));
         assert_eq!(DeletedRow::decode(&marker().encode()), Ok(marker()));
+        assert_eq!(RefRow::decode(&a_ref().encode()), Ok(a_ref()));
+    }
+
+    fn a_ref() -> RefRow {
+        RefRow {
+            id: id(0x10),
+            first_seq_num: 1000,
+            record_count: 3,
+            last_timestamp: 1_700_000_000_123,
+            data_len: 4096,
+            object: "_transit/00000001700000000123-000102030405060708090a0b0c0d0e0f".into(),
+            offset: 8192,
+            length: 4096 + 64 + 64 + 36,
+        }
+    }
+
+    #[test]
+    fn a_ref_with_no_records_or_an_overflowing_range_is_corrupt() {
+        let empty = RefRow { record_count: 0, ..a_ref() };
+        let found = RefRow::decode(&empty.encode()).expect_err("no records");
+        assert!(found.to_string().contains("record count"), "{found}");
+        let overflow = RefRow { first_seq_num: u64::MAX - 1, ..a_ref() };
+        let found = RefRow::decode(&overflow.encode()).expect_err("overflow");
+        assert!(found.to_string().contains("sequence range"), "{found}");
     }
 
     #[test]
@@ -714,7 +829,7 @@ mod tests {
             bad[0] = version;
             assert_eq!(BucketRow::decode(&bad), Err(RowError::UnknownVersion { version }));
         }
-        for kind in [0u8, 5, 255] {
+        for kind in [0u8, 6, 255] {
             let mut bad = row.clone();
             bad[1] = kind;
             assert_eq!(BucketRow::decode(&bad), Err(RowError::UnknownKind { kind }));

@@ -1736,3 +1736,45 @@ fn state_survives_closing_and_reopening_the_store() {
     let again = new_stream(&reopened, "apps", "gone");
     assert_ne!(again.id, gone.id);
 }
+
+// ---- Refs ------------------------------------------------------------------------------
+
+fn chunk_ref(id: StreamId, first_seq_num: u64, count: u32, object: &str) -> RefRow {
+    RefRow {
+        id,
+        first_seq_num,
+        record_count: count,
+        last_timestamp: first_seq_num * 10,
+        data_len: count * 100,
+        object: object.into(),
+        offset: first_seq_num * 1000,
+        length: 1000,
+    }
+}
+
+#[test]
+fn refs_scan_in_sequence_order_per_stream_across_transactions_and_pages() {
+    let fx = Fixture::new();
+    let (a, b) = (StreamId([1; 16]), StreamId([2; 16]));
+    // Sequence numbers whose little-endian order differs from numeric order, more refs
+    // than one transaction holds and than one scan page returns.
+    let seqs: Vec<u64> = (0..1_250u64).rev().map(|i| i * 256 + 255).collect();
+    let refs: Vec<RefRow> = seqs.iter().map(|&s| chunk_ref(a, s, 1, "bundle-a")).collect();
+    block_on(fx.control.put_refs(&refs)).unwrap();
+    block_on(fx.control.put_refs(&[chunk_ref(b, 0, 5, "bundle-b")])).unwrap();
+
+    let found = block_on(fx.control.refs_of(a)).unwrap();
+    let mut expected = refs.clone();
+    expected.sort_by_key(|r| r.first_seq_num);
+    assert_eq!(found, expected, "every ref of the stream, in sequence order, no other's");
+    assert_eq!(block_on(fx.control.refs_of(b)).unwrap(), [chunk_ref(b, 0, 5, "bundle-b")]);
+    assert!(block_on(fx.control.refs_of(StreamId([3; 16]))).unwrap().is_empty());
+
+    // Settling rewrites a ref in place; deleting removes exactly the ones named.
+    let moved = chunk_ref(b, 0, 5, "apps/settled-b");
+    block_on(fx.control.put_refs(std::slice::from_ref(&moved))).unwrap();
+    assert_eq!(block_on(fx.control.refs_of(b)).unwrap(), [moved]);
+    let doomed: Vec<u64> = expected[..200].iter().map(|r| r.first_seq_num).collect();
+    block_on(fx.control.delete_refs(a, &doomed)).unwrap();
+    assert_eq!(block_on(fx.control.refs_of(a)).unwrap(), expected[200..]);
+}
