@@ -511,6 +511,42 @@ impl<B: ChunkStorage> SealedChunk<B> {
     pub fn into_storage(self) -> B {
         self.buf
     }
+
+    /// The same chunk in another storage type holding the same buffer (unwrapping a
+    /// storage enum). `f` must hand back the very bytes it was given.
+    pub(crate) fn map_storage<C: ChunkStorage>(self, f: impl FnOnce(B) -> C) -> SealedChunk<C> {
+        let header = self.header;
+        let buf = f(self.buf);
+        debug_assert!(buf.storage().len() >= ENVELOPE_LEN + header.chunk_len() as usize);
+        SealedChunk { buf, header }
+    }
+}
+
+impl SealedChunk<AlignedBuf> {
+    /// A sealed chunk in a fresh aligned buffer, copied from the bytes of a chunk that
+    /// was verified when it was read or written by this process (`header` is theirs).
+    pub fn copy_of(chunk: &[u8], header: ChunkHeader) -> Self {
+        debug_assert_eq!(chunk.len() as u64, header.chunk_len());
+        let mut buf = AlignedBuf::with_capacity(ENVELOPE_LEN + chunk.len());
+        buf.as_mut_slice()[ENVELOPE_LEN..ENVELOPE_LEN + chunk.len()].copy_from_slice(chunk);
+        SealedChunk { buf, header }
+    }
+}
+
+/// The records of a chunk already verified by [`Chunk::parse`] (`bytes` is exactly the
+/// chunk, `header` its parsed header): the view a chunk read back from storage serves.
+pub fn verified_records<'a>(bytes: &'a [u8], header: &ChunkHeader) -> Records<'a> {
+    let data_end = HEADER_LEN + header.data_len as usize;
+    let ends_end = data_end + END_LEN * header.record_count as usize;
+    debug_assert_eq!(bytes.len(), data_end + DIR_ENTRY_LEN * header.record_count as usize);
+    Records::new(
+        header.first_seq_num,
+        0,
+        &bytes[data_end..ends_end],
+        &bytes[ends_end..],
+        &bytes[HEADER_LEN..data_end],
+    )
+    .expect("Chunk::parse verified this directory when the chunk was read")
 }
 
 /// The chunk could not take the records: its buffer is full. Seal it and start another.

@@ -22,7 +22,7 @@ use glommio::{LocalExecutorBuilder, Placement};
 use crate::control::{Clock, ControlPlane, Door, StreamRecord, SystemClock};
 use crate::error::{Error, Result};
 use crate::ids::StreamId;
-use crate::journal::{Journal, JournalConfig, Location};
+use crate::journal::{Journal, JournalConfig};
 use crate::meta::{RedbMetaOptions, RedbMetaStore};
 use crate::names::{BucketName, StreamKey};
 use crate::options::StreamOptionsPatch;
@@ -31,7 +31,7 @@ use crate::shard::{
     Answer, AppendAck, AppendRequest, Op, ReadReply, ReadRequest, Reply, Shard, ShardConfig,
     ShardStats, TrimTo,
 };
-use crate::stream::DurableChunk;
+use crate::uploader::{Uploader, UploaderConfig};
 
 /// The manifest's name in the data directory.
 const MANIFEST: &str = "nova.manifest";
@@ -53,6 +53,35 @@ pub struct NodeConfig {
     pub inbox_depth: usize,
     /// Requests one shard handles at once.
     pub handlers_max: u64,
+    /// Where history lives.
+    pub objects: ObjectStoreConfig,
+    pub uploader: UploaderConfig,
+}
+
+/// The object store a node keeps history in.
+#[derive(Clone, Debug)]
+pub enum ObjectStoreConfig {
+    /// A local directory (the embedded default: `<data dir>/objects`).
+    Local(PathBuf),
+    /// An S3 bucket (AWS or an S3-compatible server).
+    S3(Box<s3::S3Config>),
+}
+
+impl ObjectStoreConfig {
+    fn open(&self) -> Result<Arc<dyn s3::ObjectStore>> {
+        let store: Arc<dyn s3::ObjectStore> = match self {
+            ObjectStoreConfig::Local(root) => Arc::new(
+                s3::LocalDirStore::open(root, s3::LocalDirOptions::default()).map_err(|e| {
+                    Error::unavailable(format!("the object directory {} ({e})", root.display()))
+                })?,
+            ),
+            ObjectStoreConfig::S3(config) => Arc::new(
+                s3::S3Store::new(config.as_ref().clone())
+                    .map_err(|e| Error::unavailable(format!("the S3 object store ({e})")))?,
+            ),
+        };
+        Ok(store)
+    }
 }
 
 impl NodeConfig {
@@ -62,8 +91,9 @@ impl NodeConfig {
             0 => default_shards(),
             n => usize::try_from(n).expect("the knob's range is small"),
         };
+        let data_dir: PathBuf = data_dir.into();
         Self {
-            data_dir: data_dir.into(),
+            data_dir: data_dir.clone(),
             shards,
             first_core: None,
             shard: ShardConfig {
@@ -71,11 +101,17 @@ impl NodeConfig {
                 memory_budget_bytes: tuning::SHARD_MEMORY_BYTES.default,
                 express_chunk_bytes: usize::try_from(tuning::EXPRESS_CHUNK_BYTES.default)
                     .expect("the knob's range fits memory"),
+                uploads_in_flight_max: usize::try_from(tuning::SHARD_UPLOADS_IN_FLIGHT_MAX.default)
+                    .expect("small"),
+                // The node sets it from `uploader` when it starts.
+                upload_job_bytes_max: tuning::BUNDLE_BYTES_TARGET.default,
             },
             journal: JournalConfig::default(),
             meta: RedbMetaOptions::default(),
             inbox_depth: usize::try_from(tuning::SHARD_INBOX_DEPTH.default).expect("small"),
             handlers_max: tuning::SHARD_HANDLERS_MAX.default,
+            objects: ObjectStoreConfig::Local(data_dir.join("objects")),
+            uploader: UploaderConfig::default(),
         }
     }
 }
@@ -149,6 +185,7 @@ pub type Service = Arc<
 pub struct Node {
     client: Client,
     threads: Vec<glommio::ExecutorJoinHandle<()>>,
+    uploader: Uploader,
 }
 
 /// The node's handle: cheap to clone, usable from any thread.
@@ -194,7 +231,14 @@ impl Node {
         std::fs::create_dir_all(&config.data_dir)
             .map_err(|e| io_error("create the data directory", &e))?;
         check_manifest(&config.data_dir, config.shards)?;
-        let meta = RedbMetaStore::open(config.data_dir.join("meta"), config.meta)?;
+        let uploader = Uploader::start(config.objects.open()?, config.uploader.clone(), "")?;
+        let meta = match RedbMetaStore::open(config.data_dir.join("meta"), config.meta) {
+            Ok(meta) => meta,
+            Err(error) => {
+                uploader.stop();
+                return Err(error.into());
+            }
+        };
         let control =
             ControlPlane::with_seams(meta, Arc::clone(&clock), Arc::new(crate::control::OsRandom));
         let (ready_tx, ready_rx) = flume::bounded(config.shards);
@@ -210,21 +254,22 @@ impl Node {
         for (index, rx) in receivers.into_iter().enumerate() {
             let placement =
                 config.first_core.map_or(Placement::Unbound, |core| Placement::Fixed(core + index));
-            let (config, client, clock, ready, service) = (
-                config.clone(),
-                client.clone(),
-                Arc::clone(&clock),
-                ready_tx.clone(),
-                service.clone(),
-            );
+            let start = ShardStart {
+                index,
+                config: config.clone(),
+                client: client.clone(),
+                clock: Arc::clone(&clock),
+                uploader: uploader.clone(),
+            };
+            let (ready, service) = (ready_tx.clone(), service.clone());
             let thread = LocalExecutorBuilder::new(placement)
                 .name(&format!("nova-shard-{index}"))
-                .spawn(move || run_shard(index, config, client, clock, rx, ready, service))
+                .spawn(move || run_shard(start, rx, ready, service))
                 .map_err(|e| Error::internal(format!("start shard {index}: {e}")))?;
             threads.push(thread);
         }
         drop(ready_tx);
-        let node = Node { client, threads };
+        let node = Node { client, threads, uploader };
         for _ in 0..config.shards {
             match ready_rx.recv() {
                 Ok(Ok(())) => {}
@@ -265,6 +310,9 @@ impl Node {
         for thread in self.threads {
             let _ = thread.join();
         }
+        // Express chunks still uploading are safe in the journals (the next start
+        // uploads them again); what the uploader holds gets its drain time.
+        self.uploader.stop();
         // Close the metadata store now, not when the last client clone happens to drop:
         // the next node on this directory needs its lock.
         let _ = futures_lite::future::block_on(self.client.control.store().close());
@@ -304,15 +352,22 @@ fn check_manifest(dir: &Path, shards: usize) -> Result<()> {
 }
 
 /// One shard's executor: recover the journal, then serve until told to stop.
-async fn run_shard(
+/// What a shard's executor starts from.
+struct ShardStart {
     index: usize,
     config: NodeConfig,
     client: Client,
     clock: Arc<dyn Clock>,
+    uploader: Uploader,
+}
+
+async fn run_shard(
+    start: ShardStart,
     inbox: flume::Receiver<Message>,
     ready: flume::Sender<Result<()>>,
     service: Option<Service>,
 ) {
+    let ShardStart { index, config, client, clock, uploader } = start;
     let control = client.control.clone();
     let dir = config.data_dir.join("journal").join(format!("shard-{index}"));
     let opened = async { Journal::open(&dir, config.journal).await };
@@ -323,15 +378,17 @@ async fn run_shard(
             return;
         }
     };
-    let mut recovered: HashMap<StreamId, Vec<DurableChunk<Location>>> = HashMap::new();
-    for entry in entries {
-        recovered.entry(entry.header.stream_id).or_default().push(DurableChunk::new(
-            &entry.header,
-            entry.location,
-            None,
-        ));
+    let shard_config = ShardConfig {
+        upload_job_bytes_max: config.uploader.bundle_bytes_target,
+        ..config.shard.clone()
+    };
+    let shard = Shard::new(index, shard_config, control, clock, journal, uploader);
+    glommio::spawn_local(Rc::clone(&shard).feeder()).detach();
+    glommio::spawn_local(Rc::clone(&shard).completer()).detach();
+    if let Err(error) = shard.recover_journal(entries.entries).await {
+        let _ = ready.send(Err(error));
+        return;
     }
-    let shard = Shard::new(index, config.shard.clone(), control, clock, journal, recovered);
     let flusher = glommio::spawn_local(Rc::clone(&shard).flusher());
     let _ = ready.send(Ok(()));
     let stopping = ServiceStop(Rc::default(), Rc::default());
@@ -374,6 +431,8 @@ async fn run_shard(
     let _ = permits.acquire(config.handlers_max).await;
     shard.stop();
     flusher.await;
+    // Let express chunks on their way reach the object store, for a bounded time.
+    shard.drain_uploads(config.uploader.drain).await;
     debug_assert_eq!(shard.index(), index);
 }
 

@@ -7,18 +7,25 @@
 //! - the request handlers ([`Shard::handle`]): append, read (with long-poll wait), check
 //!   tail, fence, trim, reconfigure, delete;
 //! - the flusher: group commit. It seals every express stream's open chunk (and every
-//!   standard stream's whose flush trigger fired), writes them all to the journal with
-//!   one fdatasync, then makes them visible and acknowledges their batches. Appends that
-//!   arrive while a group is being written form the next group;
-//! - the memory budget over stored bytes held (sequenced and not yet durable, and
-//!   cached durable chunks): cached chunks are evicted oldest first (they stay readable
-//!   from the journal); when only unsettled bytes remain, appends are refused with
-//!   ResourceExhausted.
+//!   standard stream's whose flush trigger fired). Express chunks go to the journal with
+//!   one fdatasync, then become visible and their batches are acknowledged; appends that
+//!   arrive while a group is being written form the next group. Standard chunks go to
+//!   the object store as an upload job (`uploads.rs`) and are acknowledged once their
+//!   bundle and refs are durable. Express chunks follow as a job of their own, after
+//!   which their journal space is given up;
+//! - recovery of a stream's leader from its refs and the journal (`recovery.rs`);
+//! - the memory budget over stored bytes held (sequenced and not yet durable, express
+//!   chunks not yet in the object store, and cached durable chunks): cached chunks are
+//!   evicted oldest first (they stay readable from the journal or the object store);
+//!   when only unsettled bytes remain, appends are refused with ResourceExhausted.
 //!
 //! Never here: blocking calls (metadata answers through futures from its own thread,
 //! awaited in the executor's default `Latency::NotImportant` queue, as platform.md
 //! requires for anything woken from another thread), and RefCell borrows held across an
 //! `.await`.
+
+mod recovery;
+mod uploads;
 
 use std::cell::{Cell, RefCell};
 use std::collections::{HashMap, HashSet, VecDeque};
@@ -26,13 +33,14 @@ use std::rc::Rc;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
+use crate::aligned::AlignedBuf;
 use crate::batch;
-use crate::chunk::{ChunkBuilder, SealedChunk};
+use crate::chunk::{ChunkBuilder, ChunkHeader, ChunkStorage, SealedChunk};
 use crate::control::{Clock, ControlPlane, StreamRecord};
 use crate::error::{Error, Result};
 use crate::framing::{self, AppendFrame};
 use crate::ids::StreamId;
-use crate::journal::{Journal, JournalBuffer, JournalRead, Location};
+use crate::journal::{Journal, JournalBuffer, JournalRead, Location, RecoveredEntry};
 use crate::limits::{FENCING_TOKEN_BYTES_MAX, Limits};
 use crate::meta::RedbMetaStore;
 use crate::notify::Notify;
@@ -42,13 +50,77 @@ use crate::stream::{
     AppendInput, ChunkSource, DurableChunk, Leader, LeaderInit, PageLimits, ReadStart, Step,
 };
 use crate::timestamp::Offered;
+use crate::transit;
+use crate::uploader::Uploader;
+use uploads::{InFlight, Job, JobChunks};
 
-/// The leader type of a shard: chunks built in DMA buffers, stored in the journal.
-type ShardLeader = Leader<JournalBuffer, Location>;
+/// The leader type of a shard.
+type ShardLeader = Leader<ShardBuf, Stored>;
+
+/// The buffer a chunk is built in: a DMA buffer for the journal (express), or an
+/// aligned allocation that can cross to the uploader's thread (standard). The class in
+/// force when a chunk opens picks it; the flusher routes a sealed chunk by it.
+pub enum ShardBuf {
+    Journal(JournalBuffer),
+    Upload(AlignedBuf),
+}
+
+impl ChunkStorage for ShardBuf {
+    fn storage(&self) -> &[u8] {
+        match self {
+            ShardBuf::Journal(buf) => buf.storage(),
+            ShardBuf::Upload(buf) => buf.storage(),
+        }
+    }
+
+    fn storage_mut(&mut self) -> &mut [u8] {
+        match self {
+            ShardBuf::Journal(buf) => buf.storage_mut(),
+            ShardBuf::Upload(buf) => buf.storage_mut(),
+        }
+    }
+}
+
+/// Where a durable chunk of a shard's stream is.
+#[derive(Clone, Debug)]
+pub enum Stored {
+    /// Only in this shard's journal (express, upload not finished).
+    Journal(Location),
+    /// In the object store, found through its ref.
+    Object(Rc<ObjectSlot>),
+}
+
+/// A chunk's slot in an object: one ranged GET of `offset..offset + length` of `key`
+/// returns its slot envelope and the chunk.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct ObjectSlot {
+    pub key: Arc<str>,
+    pub offset: u64,
+    pub length: u64,
+}
 
 impl ChunkSource for JournalRead {
     fn records(&self) -> crate::chunk::Records<'_> {
         JournalRead::records(self)
+    }
+}
+
+/// A chunk read back from the object store: its slot's bytes, verified.
+struct ObjectChunk {
+    slot: s3::Bytes,
+    header: ChunkHeader,
+}
+
+impl ObjectChunk {
+    fn parse(slot: s3::Bytes) -> Result<Self> {
+        let parsed = transit::Slot::parse(&slot)?;
+        Ok(Self { header: parsed.chunk.header, slot })
+    }
+}
+
+impl ChunkSource for ObjectChunk {
+    fn records(&self) -> crate::chunk::Records<'_> {
+        crate::chunk::verified_records(&self.slot[transit::SLOT_ENVELOPE_LEN..], &self.header)
     }
 }
 
@@ -60,7 +132,15 @@ pub struct ShardConfig {
     pub memory_budget_bytes: u64,
     /// Buffer size an express stream's open chunk starts with.
     pub express_chunk_bytes: usize,
+    /// Upload jobs in flight at once (`shard-uploads-in-flight-max`).
+    pub uploads_in_flight_max: usize,
+    /// Chunk bytes one upload request gathers from the queue at most: the uploader's
+    /// bundle target (a request travels in one bundle), set by the node.
+    pub upload_job_bytes_max: u64,
 }
+
+/// Journal chunks found without a ref at start, uploaded per job.
+const RECOVERED_PER_JOB: usize = 64;
 
 /// An append as it crosses to the owning shard: the whole batch, in binary framing.
 #[derive(Clone, Debug)]
@@ -169,6 +249,8 @@ pub struct ShardStats {
     pub groups: u64,
     pub chunks: u64,
     pub batches_acked: u64,
+    /// Upload jobs applied (standard acknowledged, or express referenced).
+    pub upload_jobs: u64,
 }
 
 pub(crate) struct Shard {
@@ -177,9 +259,8 @@ pub(crate) struct Shard {
     control: ControlPlane<RedbMetaStore>,
     clock: Arc<dyn Clock>,
     journal: Rc<Journal>,
+    uploader: Uploader,
     streams: RefCell<HashMap<StreamId, Rc<Slot>>>,
-    /// Durable chunks found by recovery, per stream, until its leader is made.
-    recovered: RefCell<HashMap<StreamId, Vec<DurableChunk<Location>>>>,
     /// Streams whose leaders are being made (their records fetched).
     loading: RefCell<HashSet<StreamId>>,
     loaded: Notify,
@@ -190,7 +271,16 @@ pub(crate) struct Shard {
     held: Cell<u64>,
     /// Cached durable chunks, oldest first: (stream, first seq_num).
     cache_order: RefCell<VecDeque<(StreamId, u64)>>,
-    /// Set when the journal failed: nothing more is acknowledged until a restart.
+    /// Upload jobs not started, and started (in order) (`uploads.rs`).
+    jobs: RefCell<VecDeque<Job>>,
+    jobs_changed: Notify,
+    in_flight: RefCell<VecDeque<InFlight>>,
+    in_flight_changed: Notify,
+    upload_permits: Rc<glommio::sync::Semaphore>,
+    /// Jobs queued and not yet applied.
+    unapplied: Cell<usize>,
+    /// Set when the journal, an upload or the metadata failed: nothing more is
+    /// acknowledged until a restart, whose recovery decides from what is durable.
     failed: RefCell<Option<String>>,
     /// Set when the shard stops: the flusher returns once nothing is left to flush.
     stopping: Cell<bool>,
@@ -204,22 +294,29 @@ impl Shard {
         control: ControlPlane<RedbMetaStore>,
         clock: Arc<dyn Clock>,
         journal: Journal,
-        recovered: HashMap<StreamId, Vec<DurableChunk<Location>>>,
+        uploader: Uploader,
     ) -> Rc<Self> {
+        let permits = config.uploads_in_flight_max as u64;
         Rc::new(Self {
             index,
             config,
             control,
             clock,
             journal: Rc::new(journal),
+            uploader,
             streams: RefCell::default(),
-            recovered: RefCell::new(recovered),
             loading: RefCell::default(),
             loaded: Notify::new(),
             queue: RefCell::default(),
             work: Notify::new(),
             held: Cell::new(0),
             cache_order: RefCell::default(),
+            jobs: RefCell::default(),
+            jobs_changed: Notify::new(),
+            in_flight: RefCell::default(),
+            in_flight_changed: Notify::new(),
+            upload_permits: Rc::new(glommio::sync::Semaphore::new(permits)),
+            unapplied: Cell::new(0),
             failed: RefCell::default(),
             stopping: Cell::new(false),
             stats: Cell::default(),
@@ -247,9 +344,24 @@ impl Shard {
 
     fn check_failed(&self) -> Result<()> {
         match &*self.failed.borrow() {
-            Some(why) => Err(Error::unavailable(format!("shard {} journal ({why})", self.index))),
+            Some(why) => Err(Error::unavailable(format!("shard {} ({why})", self.index))),
             None => Ok(()),
         }
+    }
+
+    /// Stops acknowledging on this shard until a restart: something durable failed, and
+    /// sequence numbers were taken by batches whose fate only recovery can decide.
+    fn fail(&self, why: String) {
+        self.failed.borrow_mut().get_or_insert(why);
+        for slot in self.streams.borrow().values() {
+            slot.changed.notify();
+        }
+    }
+
+    fn count(&self, f: impl FnOnce(&mut ShardStats)) {
+        let mut stats = self.stats.get();
+        f(&mut stats);
+        self.stats.set(stats);
     }
 
     /// Runs one operation on a stream this shard leads. When no live stream is behind
@@ -322,23 +434,39 @@ impl Shard {
     }
 
     async fn make_slot(&self, record: &StreamRecord) -> Result<Rc<Slot>> {
-        // The caller's record may be stale (the stream deleted since it resolved it).
-        let current = self
-            .control
-            .stream_by_id(record.id)
-            .await?
-            .filter(|r| r.deleted_at_ms.is_none())
-            .ok_or_else(|| Error::StreamNotFound {
-                bucket: record.bucket.to_string(),
-                key: record.key.to_string(),
-            })?;
-        let chunks = self.recovered.borrow_mut().remove(&current.id).unwrap_or_default();
+        let (slot, unreferenced) = self.make_slot_with(record.id, Vec::new()).await?;
+        debug_assert!(unreferenced.is_empty(), "only journal chunks can lack a ref");
+        slot.ok_or_else(|| Error::StreamNotFound {
+            bucket: record.bucket.to_string(),
+            key: record.key.to_string(),
+        })
+    }
+
+    /// Makes the leader of stream `id` from its current record (the caller's may be
+    /// stale: the stream deleted since it resolved it), its refs, and the chunks the
+    /// journal holds for it. `None` when no live stream has the ID. Also returns the
+    /// run's chunks that are only in the journal, to upload.
+    async fn make_slot_with(
+        &self,
+        id: StreamId,
+        journal: Vec<(ChunkHeader, Location)>,
+    ) -> Result<(Option<Rc<Slot>>, Vec<Location>)> {
+        let Some(current) =
+            self.control.stream_by_id(id).await?.filter(|r| r.deleted_at_ms.is_none())
+        else {
+            return Ok((None, Vec::new()));
+        };
+        let refs = self.control.refs_of(id).await?;
+        let found = recovery::recover(current.trim_seq_num, refs, journal);
+        if !found.stale_refs.is_empty() {
+            self.control.delete_refs(id, &found.stale_refs).await?;
+        }
         let leader = Leader::new(LeaderInit {
             id: current.id,
             options: current.options,
             fencing_token: current.fencing_token,
             trim_seq_num: current.trim_seq_num,
-            chunks,
+            chunks: found.chunks,
             now_ms: self.now_ms(),
         });
         let slot = Rc::new(Slot {
@@ -351,7 +479,44 @@ impl Shard {
             timer_armed: Cell::new(false),
         });
         self.streams.borrow_mut().insert(current.id, Rc::clone(&slot));
-        Ok(slot)
+        Ok((Some(slot), found.unreferenced))
+    }
+
+    /// At start, before serving: makes the leader of every stream the journal holds
+    /// chunks of, and queues the upload of those chunks no ref names yet, in journal
+    /// order, so the journal can be given up behind them.
+    pub(crate) async fn recover_journal(&self, entries: Vec<RecoveredEntry>) -> Result<()> {
+        let mut by_stream: HashMap<StreamId, Vec<(ChunkHeader, Location)>> = HashMap::new();
+        let mut order = Vec::new();
+        for entry in entries {
+            let chunks = by_stream.entry(entry.header.stream_id).or_default();
+            if chunks.is_empty() {
+                order.push(entry.header.stream_id);
+            }
+            chunks.push((entry.header, entry.location));
+        }
+        let mut unreferenced = Vec::new();
+        for id in order {
+            let journal = by_stream.remove(&id).unwrap_or_default();
+            let (_, chunks) = self.make_slot_with(id, journal).await?;
+            unreferenced.extend(chunks);
+        }
+        unreferenced.sort_unstable_by_key(|location| location.lsn);
+        for locations in unreferenced.chunks(RECOVERED_PER_JOB) {
+            let held_bytes = locations.iter().map(|l| u64::from(l.chunk_len)).sum();
+            let lsn = locations.first().map(|l| l.lsn);
+            self.queue_job(Job {
+                chunks: JobChunks::Recovered(locations.to_vec()),
+                held_bytes,
+                lsn,
+                gathered: 1,
+            });
+        }
+        if self.unapplied.get() == 0 {
+            // Nothing unreferenced: whatever the journal holds is in the object store.
+            self.journal.release_before(self.journal.head()).await?;
+        }
+        Ok(())
     }
 
     async fn append(self: &Rc<Self>, slot: &Rc<Slot>, request: AppendRequest) -> Result<AppendAck> {
@@ -395,7 +560,8 @@ impl Shard {
             }
             let (held, budget) = (&self.held, self.config.memory_budget_bytes);
             let journal = &self.journal;
-            let target = match leader.options().class {
+            let class = leader.options().class;
+            let target = match class {
                 StorageClass::Express => self.config.express_chunk_bytes,
                 StorageClass::Standard => leader.options().batch_max_bytes as usize,
             }
@@ -414,14 +580,15 @@ impl Shard {
                     held.set(held.get() + bytes);
                     Ok(())
                 },
-                &mut |capacity| journal.alloc_buffer(capacity),
+                &mut |capacity| match class {
+                    StorageClass::Express => ShardBuf::Journal(journal.alloc_buffer(capacity)),
+                    StorageClass::Standard => ShardBuf::Upload(AlignedBuf::with_capacity(capacity)),
+                },
             )?
         };
         self.queue_flush(slot);
         self.wait_durable(slot, sequenced.end.seq_num).await?;
-        let mut stats = self.stats.get();
-        stats.batches_acked += 1;
-        self.stats.set(stats);
+        self.count(|s| s.batches_acked += 1);
         Ok(AppendAck {
             start: sequenced.start,
             end: sequenced.end,
@@ -507,28 +674,56 @@ impl Shard {
                 self.work.changed(seen).await;
                 continue;
             }
-            let ids: Vec<StreamId> = group.iter().map(|(id, _)| *id).collect();
-            let chunks: Vec<SealedChunk<JournalBuffer>> =
-                group.into_iter().map(|(_, c)| c).collect();
+            let mut journaled = Vec::new();
+            let mut standard = Vec::new();
+            for (id, chunk) in group {
+                match chunk.storage() {
+                    ShardBuf::Journal(_) => journaled.push((
+                        id,
+                        chunk.map_storage(|b| match b {
+                            ShardBuf::Journal(buf) => buf,
+                            ShardBuf::Upload(_) => unreachable!("matched just above"),
+                        }),
+                    )),
+                    ShardBuf::Upload(_) => standard.push(chunk.map_storage(|b| match b {
+                        ShardBuf::Upload(buf) => buf,
+                        ShardBuf::Journal(_) => unreachable!("matched just above"),
+                    })),
+                }
+            }
+            if !standard.is_empty() {
+                self.queue_job(Job {
+                    chunks: JobChunks::Standard(standard),
+                    held_bytes: 0,
+                    lsn: None,
+                    gathered: 1,
+                });
+            }
+            if journaled.is_empty() {
+                continue;
+            }
+            let (ids, chunks): (Vec<StreamId>, Vec<SealedChunk<JournalBuffer>>) =
+                journaled.into_iter().unzip();
             let count = chunks.len() as u64;
             match self.journal.append(chunks).await {
                 Ok(durable) => {
-                    let mut stats = self.stats.get();
-                    stats.groups += 1;
-                    stats.chunks += count;
-                    self.stats.set(stats);
+                    self.count(|s| {
+                        s.groups += 1;
+                        s.chunks += count;
+                    });
+                    let lsn = durable.first().map(|(_, location)| location.lsn);
+                    let mut uploads = Vec::with_capacity(durable.len());
                     for (id, (chunk, location)) in ids.into_iter().zip(durable) {
+                        uploads.push(Rc::clone(&chunk));
                         self.on_durable(id, chunk, location);
                     }
+                    let chunks = JobChunks::Journaled(uploads);
+                    self.queue_job(Job { chunks, held_bytes: 0, lsn, gathered: 1 });
                 }
                 Err(error) => {
                     // Nothing of this group may be acknowledged, and its sequence numbers
-                    // are taken: stop acknowledging on this shard until a restart, whose
-                    // recovery decides from what is really on disk.
-                    *self.failed.borrow_mut() = Some(error.to_string());
-                    for slot in self.streams.borrow().values() {
-                        slot.changed.notify();
-                    }
+                    // are taken.
+                    self.fail(format!("journal: {error}"));
                     return;
                 }
             }
@@ -537,7 +732,7 @@ impl Shard {
 
     /// Every stream's sealed chunks that should go in this group, in stream order and
     /// within a stream in sequence order.
-    fn take_group(&self) -> Vec<(StreamId, SealedChunk<JournalBuffer>)> {
+    fn take_group(&self) -> Vec<(StreamId, SealedChunk<ShardBuf>)> {
         let mut group = Vec::new();
         let mut waiting = VecDeque::new();
         let queued: Vec<StreamId> = self.queue.borrow_mut().drain(..).collect();
@@ -555,14 +750,19 @@ impl Shard {
         group
     }
 
+    /// An express chunk is durable in the journal: visible, acknowledged, cached.
     fn on_durable(&self, id: StreamId, chunk: Rc<SealedChunk<JournalBuffer>>, location: Location) {
         let Some(slot) = self.streams.borrow().get(&id).cloned() else {
             unreachable!("a stream with chunks in flight keeps its slot until they are durable")
         };
         let header = *chunk.header();
         let source: Rc<dyn ChunkSource> = chunk;
-        slot.leader.borrow_mut().on_durable(DurableChunk::new(&header, location, Some(source)));
-        self.cache_order.borrow_mut().push_back((id, header.first_seq_num));
+        // Not in the eviction order until it is in the object store (`uploads.rs`).
+        slot.leader.borrow_mut().on_durable(DurableChunk::new(
+            &header,
+            Stored::Journal(location),
+            Some(source),
+        ));
         slot.changed.notify();
     }
 
@@ -622,9 +822,27 @@ impl Shard {
         }
     }
 
-    /// Reads a chunk back from the journal into the stream's cache.
-    async fn load(&self, slot: &Slot, first_seq_num: u64, location: Location) -> Result<()> {
-        let chunk: Rc<dyn ChunkSource> = Rc::new(self.journal.read(&location).await?);
+    /// Reads a chunk back from the journal or the object store into the stream's cache.
+    async fn load(&self, slot: &Slot, first_seq_num: u64, location: Stored) -> Result<()> {
+        let chunk: Rc<dyn ChunkSource> = match location {
+            Stored::Journal(location) => Rc::new(self.journal.read(&location).await?),
+            Stored::Object(object) => {
+                let range = object.offset..object.offset + object.length;
+                let bytes = self.uploader.read(Arc::clone(&object.key), range).await?;
+                let chunk = ObjectChunk::parse(bytes)?;
+                let id = slot.leader.borrow().id();
+                if (chunk.header.stream_id, chunk.header.first_seq_num) != (id, first_seq_num) {
+                    return Err(Error::internal(format!(
+                        "object {} at {}: holds stream {} from seq_num {}, its ref says stream {id} from {first_seq_num}",
+                        object.key,
+                        object.offset,
+                        chunk.header.stream_id,
+                        chunk.header.first_seq_num
+                    )));
+                }
+                Rc::new(chunk)
+            }
+        };
         let id = slot.leader.borrow().id();
         let cached = slot.leader.borrow_mut().install_loaded(first_seq_num, chunk);
         if cached > 0 {

@@ -570,6 +570,32 @@ impl<B: ChunkStorage, L: Clone> Leader<B, L> {
         }
     }
 
+    /// A durable chunk moved (uploaded from the journal, or settled): it is now at
+    /// `location`. When it is cached and `bytes` is given (the same chunk in another
+    /// buffer), the cache serves from `bytes` from now on. Returns whether the chunk is
+    /// cached (false when not in memory, or no longer held: trimmed).
+    pub fn relocate(
+        &mut self,
+        first_seq_num: u64,
+        location: L,
+        bytes: Option<Rc<dyn ChunkSource>>,
+    ) -> bool {
+        let index = self.chunks.partition_point(|c| c.first_seq_num < first_seq_num);
+        let Some(entry) = self.chunks.get_mut(index).filter(|c| c.first_seq_num == first_seq_num)
+        else {
+            return false;
+        };
+        entry.location = location;
+        match (&mut entry.cached, bytes) {
+            (Some(cached), Some(bytes)) => {
+                debug_assert_eq!(bytes.records().len(), entry.record_count as usize);
+                *cached = bytes;
+                true
+            }
+            (cached, _) => cached.is_some(),
+        }
+    }
+
     /// Drops the cached bytes of the chunk starting at `first_seq_num` (it stays
     /// readable from storage). Returns the stored bytes freed, if it was cached.
     pub fn evict(&mut self, first_seq_num: u64) -> Option<u64> {

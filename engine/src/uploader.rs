@@ -65,6 +65,8 @@ pub struct UploaderConfig {
     pub backoff_max: Duration,
     /// How long [`Uploader::stop`] keeps sending what is held (`uploader-drain-ms`).
     pub drain: Duration,
+    /// Ranged GETs in flight at once (`object-reads-in-flight-max`).
+    pub reads_in_flight_max: usize,
     /// The core the thread is pinned to, if any.
     pub core: Option<usize>,
 }
@@ -81,6 +83,7 @@ impl Default for UploaderConfig {
             backoff_initial: ms(tuning::UPLOAD_BACKOFF_INITIAL_MS),
             backoff_max: ms(tuning::UPLOAD_BACKOFF_MAX_MS),
             drain: ms(tuning::UPLOADER_DRAIN_MS),
+            reads_in_flight_max: count(tuning::OBJECT_READS_IN_FLIGHT_MAX),
             core: None,
         }
     }
@@ -177,7 +180,16 @@ pub struct UploaderStats {
 #[derive(Clone, Debug)]
 pub struct Uploader {
     tx: flume::Sender<Message>,
+    /// Reads have their own queue: a backlog of uploads never delays a read of history.
+    reads: flume::Sender<Read>,
     shared: Arc<Shared>,
+}
+
+/// A ranged GET for a shard.
+struct Read {
+    key: Arc<str>,
+    range: Range<u64>,
+    reply: flume::Sender<Result<Bytes>>,
 }
 
 enum Message {
@@ -251,6 +263,7 @@ impl Uploader {
             .build()
             .map_err(|e| Error::internal(format!("start the uploader's tokio runtime: {e}")))?;
         let (tx, rx) = flume::bounded(config.queue_depth);
+        let (reads, reads_rx) = flume::bounded(config.reads_in_flight_max);
         let shared = Arc::new(Shared {
             thread: Mutex::new(None),
             counters: Counters::default(),
@@ -269,6 +282,8 @@ impl Uploader {
             key_prefix: key_prefix.to_owned(),
             shared: Arc::clone(&shared),
             rx,
+            reads_rx,
+            reads_in_flight: JoinSet::new(),
             pending: Vec::new(),
             pending_bytes: 0,
             pending_since: None,
@@ -299,7 +314,7 @@ impl Uploader {
             Err(_) => return Err(Error::internal("the uploader thread died while starting")),
         }
         *lock(&shared.thread) = Some(thread);
-        Ok(Uploader { tx, shared })
+        Ok(Uploader { tx, reads, shared })
     }
 
     /// Uploads `chunks` (sealed; their front reserve gets the slot envelope) in one
@@ -323,6 +338,19 @@ impl Uploader {
             .send_async(Message::Upload(Request { chunks, reply }))
             .await
             .map_err(|_| stopped())?;
+        answer.recv_async().await.map_err(|_| stopped())?
+    }
+
+    /// Reads `range` of the object at `key` (a full key, as a [`Placement`] names it)
+    /// with one ranged GET on the uploader's runtime. Same waiting rules as
+    /// [`Uploader::upload`]: a glommio caller runs in a `Latency::NotImportant` queue.
+    ///
+    /// Errors: `Unavailable` when the store cannot answer now (or the uploader is
+    /// stopping); `Internal` when the object or range is not there, which for a key
+    /// taken from a ref means lost or corrupt history.
+    pub async fn read(&self, key: Arc<str>, range: Range<u64>) -> Result<Bytes> {
+        let (reply, answer) = flume::bounded(1);
+        self.reads.send_async(Read { key, range, reply }).await.map_err(|_| stopped())?;
         answer.recv_async().await.map_err(|_| stopped())?
     }
 
@@ -412,6 +440,8 @@ struct Engine {
     key_prefix: String,
     shared: Arc<Shared>,
     rx: flume::Receiver<Message>,
+    reads_rx: flume::Receiver<Read>,
+    reads_in_flight: JoinSet<()>,
     /// Requests waiting for a bundle, in arrival order.
     pending: Vec<Accepted>,
     /// Their slots' bytes.
@@ -450,9 +480,14 @@ impl Engine {
                 .map(|since| since + self.config.bundle_delay);
             // Never-firing stand-ins for timers that are off (select! evaluates them).
             let far = tokio::time::Instant::now() + Duration::from_secs(86_400);
+            let read_slot = self.reads_in_flight.len() < self.config.reads_in_flight_max;
             tokio::select! {
                 biased;
                 Some(_) = self.in_flight.join_next(), if !self.in_flight.is_empty() => {}
+                Some(_) = self.reads_in_flight.join_next(), if !self.reads_in_flight.is_empty() => {}
+                Ok(read) = self.reads_rx.recv_async(), if read_slot && drain_until.is_none() => {
+                    self.start_read(read);
+                }
                 message = self.rx.recv_async(), if intake => match message {
                     Ok(Message::Upload(request)) => self.accept(request),
                     // Stop, or every handle gone: finish what is held, for at most the drain.
@@ -476,6 +511,25 @@ impl Engine {
         }
         // Requests queued after the stop are dropped with the receiver: their senders
         // see the channel gone and answer themselves unavailable.
+    }
+
+    fn start_read(&mut self, read: Read) {
+        let store = Arc::clone(&self.store);
+        self.reads_in_flight.spawn(async move {
+            let Read { key, range, reply } = read;
+            let got = store.get(&key, ByteRange::Span(range.clone())).await;
+            let answer = match got {
+                Ok(bytes) if bytes.len() as u64 == range.end - range.start => Ok(bytes),
+                Ok(bytes) => Err(Error::internal(format!(
+                    "object {key} bytes {range:?}: {} bytes came back (the object is shorter than its ref says)",
+                    bytes.len()
+                ))),
+                Err(e) if e.is_retryable() => Err(Error::unavailable(format!("the object store ({e})"))),
+                Err(e) => Err(Error::internal(format!("object {key} bytes {range:?}: {e}"))),
+            };
+            // The reader may have given up waiting.
+            let _ = reply.send(answer);
+        });
     }
 
     /// Whether (and why) the pending requests go out as a bundle now.

@@ -45,7 +45,7 @@ use glommio::io::{Directory, DmaFile, OpenOptions, ReadResult};
 use glommio::sync::Semaphore;
 
 use crate::aligned::{ALIGNMENT, round_up};
-use crate::chunk::{ChunkHeader, DIR_ENTRY_LEN, ENVELOPE_LEN, HEADER_LEN, Records, SealedChunk};
+use crate::chunk::{ChunkHeader, ENVELOPE_LEN, HEADER_LEN, Records, SealedChunk};
 use crate::error::Result;
 
 pub use buffer::JournalBuffer;
@@ -254,19 +254,7 @@ impl JournalRead {
 
     /// The chunk's records, served from the read buffer without copying.
     pub fn records(&self) -> Records<'_> {
-        let bytes = self.bytes();
-        let data_end = HEADER_LEN + self.header.data_len as usize;
-        // The directory: a u32 end offset per record, then a u64 timestamp per record.
-        let ends_end = data_end + size_of::<u32>() * self.header.record_count as usize;
-        debug_assert_eq!(bytes.len(), data_end + DIR_ENTRY_LEN * self.header.record_count as usize);
-        Records::new(
-            self.header.first_seq_num,
-            0,
-            &bytes[data_end..ends_end],
-            &bytes[ends_end..],
-            &bytes[HEADER_LEN..data_end],
-        )
-        .expect("Chunk::parse verified this directory when the chunk was read")
+        crate::chunk::verified_records(self.bytes(), &self.header)
     }
 }
 

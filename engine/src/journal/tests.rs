@@ -13,6 +13,7 @@ use std::rc::Rc;
 use glommio::{LocalExecutorBuilder, Placement};
 
 use super::*;
+use crate::chunk::DIR_ENTRY_LEN;
 use crate::chunk::{ChunkBuilder, ChunkStorage};
 use crate::error::Error;
 use crate::ids::StreamId;

@@ -1,0 +1,308 @@
+//! A shard's road to the object store: upload jobs, each a group of chunks that goes to
+//! the uploader core in one request and whose refs are then made durable, applied back
+//! to the leaders strictly in the order the jobs were made.
+//!
+//! ```text
+//! flusher ── job ──► queue ──► feeder: take a permit (shard-uploads-in-flight-max),
+//!                              spawn: [read journal] → upload → put refs
+//!                                            │ (in flight, finishing in any order)
+//!                    completer ◄── in order ─┘ apply: standard → durable, acknowledged
+//!                                                     express  → relocated, journal released
+//! ```
+//!
+//! Why in order: a stream's chunks become durable in sequence order, and a job's refs
+//! can be durable before an earlier job's. Applying in job order keeps acknowledgements
+//! in sequence order, which is what recovery relies on (a chunk after a gap was never
+//! acknowledged, `recovery.rs`). It also makes journal release simple: the journal is
+//! given up to the first express job not yet applied.
+//!
+//! Memory: a chunk is counted in the shard's `held` bytes from its append, and cannot be
+//! evicted from memory before its job is applied (a standard chunk is not durable
+//! before; an express chunk enters the eviction order only once it is in the object
+//! store). So a store that is down backs appends up to the memory budget, which then
+//! refuses them (ResourceExhausted); when the store returns, the uploader's retries land
+//! and everything drains.
+
+use std::rc::Rc;
+use std::sync::Arc;
+
+use crate::chunk::SealedChunk;
+use crate::control::{ControlPlane, RefRow};
+use crate::error::{Error, Result};
+use crate::journal::{Journal, JournalBuffer, Location};
+use crate::meta::RedbMetaStore;
+use crate::stream::{ChunkSource, DurableChunk};
+use crate::uploader::{Placement, UploadChunk, Uploader};
+
+use super::{ObjectSlot, Shard, Stored};
+use crate::aligned::AlignedBuf;
+
+/// What a job carries to the store.
+pub(crate) enum JobChunks {
+    /// Standard chunks, sealed in their own aligned buffers.
+    Standard(Vec<SealedChunk<AlignedBuf>>),
+    /// Express chunks just written to the journal (copied for the upload when the job
+    /// starts, since journal buffers cannot leave the shard's thread).
+    Journaled(Vec<Rc<SealedChunk<JournalBuffer>>>),
+    /// Express chunks found in the journal at recovery with no ref: read back first.
+    Recovered(Vec<Location>),
+}
+
+/// A job: its chunks, the bytes it adds to `held` until applied (chunks read back from
+/// the journal; the others are counted from their append, and stay in the leader's
+/// cache, never evicted, until the job is applied), and for express jobs the journal
+/// position of its first chunk.
+pub(crate) struct Job {
+    pub chunks: JobChunks,
+    pub held_bytes: u64,
+    pub lsn: Option<u64>,
+    /// Queued jobs this one stands for (more than one once gathered).
+    pub gathered: usize,
+}
+
+impl Job {
+    /// The chunks' bytes.
+    fn bytes(&self) -> u64 {
+        match &self.chunks {
+            JobChunks::Standard(chunks) => chunks.iter().map(|c| c.bytes().len() as u64).sum(),
+            JobChunks::Journaled(chunks) => chunks.iter().map(|c| c.bytes().len() as u64).sum(),
+            JobChunks::Recovered(locations) => {
+                locations.iter().map(|l| u64::from(l.chunk_len)).sum()
+            }
+        }
+    }
+
+    /// Takes in the next job of the same kind (its chunks come after this one's).
+    fn absorb(&mut self, next: Job) {
+        self.held_bytes += next.held_bytes;
+        self.lsn = self.lsn.or(next.lsn);
+        self.gathered += next.gathered;
+        match (&mut self.chunks, next.chunks) {
+            (JobChunks::Standard(into), JobChunks::Standard(more)) => into.extend(more),
+            (JobChunks::Journaled(into), JobChunks::Journaled(more)) => into.extend(more),
+            (JobChunks::Recovered(into), JobChunks::Recovered(more)) => into.extend(more),
+            _ => unreachable!("only jobs of one kind are merged"),
+        }
+    }
+}
+
+/// What a finished job hands back: each chunk with where it landed.
+type Landed = Vec<(Placement, SealedChunk<AlignedBuf>)>;
+
+/// A job in flight: what kind it is, its journal position (express), and its task.
+pub(crate) struct InFlight {
+    standard: bool,
+    lsn: Option<u64>,
+    held_bytes: u64,
+    /// Queued jobs gathered into this one.
+    gathered: usize,
+    task: glommio::task::JoinHandle<Result<Landed>>,
+    _permit: glommio::sync::StaticPermit,
+}
+
+impl Shard {
+    /// Queues a job for the feeder. Never waits: the memory budget bounds the queue.
+    pub(super) fn queue_job(&self, job: Job) {
+        self.unapplied.set(self.unapplied.get() + 1);
+        self.held.set(self.held.get() + job.held_bytes);
+        self.jobs.borrow_mut().push_back(job);
+        self.jobs_changed.notify();
+    }
+
+    /// Starts queued jobs, at most `shard-uploads-in-flight-max` at once, in order.
+    pub(crate) async fn feeder(self: Rc<Self>) {
+        loop {
+            let seen = self.jobs_changed.generation();
+            if self.jobs.borrow().is_empty() {
+                self.jobs_changed.changed(seen).await;
+                continue;
+            }
+            let Ok(permit) = self.upload_permits.acquire_static_permit(1).await else { return };
+            // Everything queued meanwhile of the same kind goes in the same request.
+            let Some(job) = self.gather() else { continue };
+            let standard = matches!(job.chunks, JobChunks::Standard(_));
+            let (held_bytes, lsn, gathered) = (job.held_bytes, job.lsn, job.gathered);
+            let (uploader, control, journal) =
+                (self.uploader.clone(), self.control.clone(), Rc::clone(&self.journal));
+            let task = glommio::spawn_local(run(uploader, control, journal, job.chunks)).detach();
+            self.in_flight.borrow_mut().push_back(InFlight {
+                standard,
+                lsn,
+                held_bytes,
+                gathered,
+                task,
+                _permit: permit,
+            });
+            self.in_flight_changed.notify();
+        }
+    }
+
+    /// The front job, with the jobs of its kind queued right behind it, up to a bundle.
+    fn gather(&self) -> Option<Job> {
+        let mut jobs = self.jobs.borrow_mut();
+        let mut job = jobs.pop_front()?;
+        let mut bytes = job.bytes();
+        while let Some(next) = jobs.front() {
+            let kind = std::mem::discriminant(&job.chunks) == std::mem::discriminant(&next.chunks);
+            if !kind || bytes + next.bytes() > self.config.upload_job_bytes_max {
+                break;
+            }
+            let next = jobs.pop_front().expect("checked just above");
+            bytes += next.bytes();
+            job.absorb(next);
+        }
+        Some(job)
+    }
+
+    /// Applies finished jobs in the order they started.
+    pub(crate) async fn completer(self: Rc<Self>) {
+        loop {
+            let seen = self.in_flight_changed.generation();
+            let front = self.in_flight.borrow_mut().pop_front();
+            let Some(job) = front else {
+                self.in_flight_changed.changed(seen).await;
+                continue;
+            };
+            let InFlight { standard, held_bytes, gathered, task, _permit, .. } = job;
+            let result =
+                task.await.unwrap_or_else(|| Err(Error::internal("an upload task was dropped")));
+            let uploaded = match result {
+                Ok(uploaded) => uploaded,
+                Err(error) => {
+                    self.fail(format!("upload to the object store: {error}"));
+                    return;
+                }
+            };
+            self.release(held_bytes);
+            self.count(|s| s.upload_jobs += 1);
+            if standard {
+                self.apply_standard(uploaded);
+            } else {
+                self.apply_express(uploaded).await;
+            }
+            // Every job gathered into this one is applied.
+            self.unapplied.set(self.unapplied.get() - gathered);
+            self.in_flight_changed.notify();
+        }
+    }
+
+    /// Waits until every queued job is applied, for at most `time` (a stopping shard:
+    /// what is still on its way then is safe in the journal, and the next start uploads
+    /// it again). Returns whether everything was applied.
+    pub(crate) async fn drain_uploads(&self, time: std::time::Duration) -> bool {
+        let deadline = std::time::Instant::now() + time;
+        loop {
+            let (jobs_seen, flight_seen) =
+                (self.jobs_changed.generation(), self.in_flight_changed.generation());
+            if self.unapplied.get() == 0 {
+                return true;
+            }
+            if self.failed.borrow().is_some() {
+                return false;
+            }
+            let left = deadline.saturating_duration_since(std::time::Instant::now());
+            if left.is_zero() {
+                return false;
+            }
+            let changed = futures_lite::future::or(
+                self.jobs_changed.changed(jobs_seen),
+                self.in_flight_changed.changed(flight_seen),
+            );
+            futures_lite::future::or(changed, glommio::timer::sleep(left)).await;
+        }
+    }
+
+    /// Standard chunks are durable: visible and acknowledged, served from memory.
+    fn apply_standard(&self, uploaded: Landed) {
+        for (placement, chunk) in uploaded {
+            let Some(slot) = self.streams.borrow().get(&placement.stream_id).cloned() else {
+                unreachable!("a stream with chunks in flight keeps its slot until they are durable")
+            };
+            // Its bytes, held since the append, stay held: now as a cached chunk.
+            let header = *chunk.header();
+            let source: Rc<dyn ChunkSource> = Rc::new(chunk);
+            let stored = Stored::Object(Rc::new(ObjectSlot::from(&placement)));
+            slot.leader.borrow_mut().on_durable(DurableChunk::new(&header, stored, Some(source)));
+            self.cache_order.borrow_mut().push_back((placement.stream_id, header.first_seq_num));
+            slot.changed.notify();
+            self.count(|s| s.chunks += 1);
+        }
+    }
+
+    /// Express chunks are in the object store and referenced: reads go there once they
+    /// leave memory, and the journal space up to the next pending job is given up.
+    async fn apply_express(&self, uploaded: Landed) {
+        for (placement, chunk) in uploaded {
+            let Some(slot) = self.streams.borrow().get(&placement.stream_id).cloned() else {
+                continue; // deleted since: its objects are the auditor's
+            };
+            let first = chunk.header().first_seq_num;
+            let stored = Stored::Object(Rc::new(ObjectSlot::from(&placement)));
+            let bytes: Rc<dyn ChunkSource> = Rc::new(chunk);
+            // Pinned in memory until now (the only copy besides the journal's, which is
+            // about to go); from here on it may be evicted and read back from the store.
+            if slot.leader.borrow_mut().relocate(first, stored, Some(bytes)) {
+                self.cache_order.borrow_mut().push_back((placement.stream_id, first));
+            }
+        }
+        // Everything before the first express chunk still on its way is in the store.
+        let next_in_flight = self.in_flight.borrow().iter().find_map(|job| job.lsn);
+        let next_queued = || self.jobs.borrow().iter().find_map(|job| job.lsn);
+        let release_to = next_in_flight.or_else(next_queued).unwrap_or_else(|| self.journal.head());
+        if let Err(error) = self.journal.release_before(release_to).await {
+            self.fail(format!("journal release: {error}"));
+        }
+    }
+}
+
+impl From<&Placement> for ObjectSlot {
+    fn from(placement: &Placement) -> Self {
+        ObjectSlot {
+            key: Arc::clone(&placement.key),
+            offset: placement.offset,
+            length: placement.length,
+        }
+    }
+}
+
+/// One job's work, off the shard's state: make the chunks uploadable, upload them in
+/// one request, make their refs durable.
+async fn run(
+    uploader: Uploader,
+    control: ControlPlane<RedbMetaStore>,
+    journal: Rc<Journal>,
+    chunks: JobChunks,
+) -> Result<Landed> {
+    let chunks: Vec<SealedChunk<AlignedBuf>> = match chunks {
+        JobChunks::Standard(chunks) => chunks,
+        JobChunks::Journaled(chunks) => {
+            chunks.iter().map(|c| SealedChunk::copy_of(c.bytes(), *c.header())).collect()
+        }
+        JobChunks::Recovered(locations) => {
+            let mut chunks = Vec::with_capacity(locations.len());
+            for location in &locations {
+                let read = journal.read(location).await?;
+                chunks.push(SealedChunk::copy_of(read.bytes(), *read.header()));
+            }
+            chunks
+        }
+    };
+    let uploaded = uploader.upload(chunks.into_iter().map(UploadChunk::from).collect()).await?;
+    let refs: Vec<RefRow> = uploaded
+        .placements
+        .iter()
+        .zip(&uploaded.chunks)
+        .map(|(placement, chunk)| RefRow {
+            id: placement.stream_id,
+            first_seq_num: placement.first_seq_num,
+            record_count: placement.record_count,
+            last_timestamp: chunk.header().last_timestamp,
+            data_len: chunk.header().data_len,
+            object: placement.key.to_string(),
+            offset: placement.offset,
+            length: placement.length,
+        })
+        .collect();
+    control.put_refs(&refs).await?;
+    Ok(uploaded.placements.into_iter().zip(uploaded.chunks).collect())
+}

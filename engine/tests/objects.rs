@@ -1,0 +1,335 @@
+//! The engine with its object store, on both backends: the local directory (the
+//! embedded default) and a real S3-protocol server (moto, from `NOVA_MOTO_SERVER`).
+//!
+//! - standard batches are acknowledged only once their bundle and refs are durable;
+//! - express history reaches the object store in the background, and the journal is
+//!   given up behind it: a node that lost its whole journal still reads every record;
+//! - history that left memory is read back from objects, after a restart too;
+//! - an object store that goes down mid-load (a proxy cutting every connection) backs
+//!   appends up, and when it returns everything acknowledged is there, once, in order.
+
+mod common;
+
+use std::path::Path;
+use std::sync::Arc;
+use std::thread;
+use std::time::{Duration, Instant};
+
+use common::*;
+use engine::framing::AppendConditions;
+use engine::ids::StreamId;
+use engine::names::{BucketName, StreamKey};
+use engine::node::{Client, NodeConfig, ObjectStoreConfig};
+use engine::options::StorageClass;
+use s3::testing::{Moto, Proxy};
+use s3::{ObjectStore, S3Config, S3Credentials, TransferPolicy};
+
+/// How long a condition may take to come true before the test fails.
+const WAIT_MAX: Duration = Duration::from_secs(60);
+
+/// An object store for a test, and what keeps it alive.
+struct Backend {
+    name: &'static str,
+    objects: ObjectStoreConfig,
+    _moto: Option<Moto>,
+    proxy: Option<Proxy>,
+}
+
+fn local(dir: &Path) -> Backend {
+    Backend {
+        name: "local",
+        objects: ObjectStoreConfig::Local(dir.join("objects")),
+        _moto: None,
+        proxy: None,
+    }
+}
+
+/// A fresh moto with a bucket, reached through a proxy the test can take down.
+fn s3() -> Backend {
+    let moto = Moto::start();
+    moto.create_bucket("nova");
+    let proxy = Proxy::start(moto.port, Vec::new());
+    let config = S3Config {
+        endpoint: Some(proxy.endpoint()),
+        region: Some("us-east-1".into()),
+        path_style: true,
+        credentials: Some(S3Credentials {
+            access_key_id: "nova-test".into(),
+            secret_access_key: "nova-test-secret".into(),
+            session_token: None,
+        }),
+        policy: TransferPolicy {
+            backoff_initial: Duration::from_millis(5),
+            backoff_max: Duration::from_millis(50),
+            ..TransferPolicy::default()
+        },
+        ..S3Config::new("nova")
+    };
+    Backend {
+        name: "s3",
+        objects: ObjectStoreConfig::S3(Box::new(config)),
+        _moto: Some(moto),
+        proxy: Some(proxy),
+    }
+}
+
+fn node_config(dir: &Path, backend: &Backend) -> NodeConfig {
+    let mut config = config(dir, 1);
+    config.objects = backend.objects.clone();
+    config.uploader.backoff_initial = Duration::from_millis(5);
+    config.uploader.backoff_max = Duration::from_millis(100);
+    config
+}
+
+fn stream_id(client: &Client, bucket: &BucketName, key: &StreamKey) -> StreamId {
+    block_on(client.control().get_stream(bucket, key)).expect("stream").id
+}
+
+/// Whether the refs of the stream cover `0..end` without a gap.
+fn refs_cover(client: &Client, id: StreamId, end: u64) -> bool {
+    let refs = block_on(client.control().refs_of(id)).expect("refs");
+    let mut next = 0;
+    for r in &refs {
+        if r.first_seq_num != next {
+            return false;
+        }
+        next = r.end_seq_num();
+    }
+    next >= end
+}
+
+fn wait_until(what: &str, mut condition: impl FnMut() -> bool) {
+    let deadline = Instant::now() + WAIT_MAX;
+    while !condition() {
+        assert!(Instant::now() < deadline, "{what}: not within {WAIT_MAX:?}");
+        thread::sleep(Duration::from_millis(10));
+    }
+}
+
+fn bodies(prefix: &str, count: usize) -> Vec<Vec<u8>> {
+    (0..count).map(|i| format!("{prefix}-{i:05}-{}", "x".repeat(i % 700)).into_bytes()).collect()
+}
+
+fn append_each(client: &Client, bucket: &BucketName, key: &StreamKey, bodies: &[Vec<u8>]) {
+    for (i, pair) in bodies.chunks(2).enumerate() {
+        let ack = block_on(client.append(bucket, key, batch(pair, AppendConditions::default())))
+            .unwrap_or_else(|e| panic!("append {i}: {e}"));
+        assert_eq!(ack.start.seq_num, 2 * i as u64);
+    }
+}
+
+fn assert_reads_back(client: &Client, bucket: &BucketName, key: &StreamKey, bodies: &[Vec<u8>]) {
+    let all = read_all(client, bucket, key);
+    let seqs: Vec<u64> = all.iter().map(|r| r.0).collect();
+    assert_eq!(seqs, (0..bodies.len() as u64).collect::<Vec<_>>(), "every record once, in order");
+    for (record, body) in all.iter().zip(bodies) {
+        assert_eq!(&record.2, body, "record {}", record.0);
+    }
+}
+
+fn standard_appends_are_durable_in_objects_before_they_are_acknowledged(backend: Backend) {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let node = start(node_config(dir.path(), &backend));
+    let client = node.client();
+    let bucket = make_bucket(&client, "std", StorageClass::Standard, true);
+    let key = key("orders/eu");
+    let mut acked = 0;
+    let mut id = None;
+    for round in 0..20u64 {
+        let ack = block_on(client.append(&bucket, &key, plain(&["a", "b", "c"]))).expect("append");
+        assert_eq!(ack.start.seq_num, round * 3);
+        acked = ack.end.seq_num;
+        let id = *id.get_or_insert_with(|| stream_id(&client, &bucket, &key));
+        assert!(
+            refs_cover(&client, id, acked),
+            "{}: refs cover the acknowledged {acked}",
+            backend.name
+        );
+    }
+    let id = id.expect("appended");
+    let refs = block_on(client.control().refs_of(id)).expect("refs");
+    drop(client);
+    node.stop();
+    // Every ref names a slot that one ranged GET returns, holding the chunk it says (the
+    // local store is opened once the node has let go of it).
+    let store = open_store(&backend);
+    let runtime = tokio::runtime::Builder::new_current_thread().enable_all().build().expect("rt");
+    for r in refs {
+        let slot = runtime
+            .block_on(store.get(&r.object, (r.offset..r.offset + r.length).into()))
+            .expect("the ref's object");
+        let parsed = engine::transit::Slot::parse(&slot).expect("a valid slot");
+        assert_eq!(parsed.chunk.header.stream_id, id);
+        assert_eq!(parsed.chunk.header.first_seq_num, r.first_seq_num);
+        assert_eq!(parsed.chunk.header.record_count, r.record_count);
+    }
+    assert_eq!(acked, 60);
+}
+
+fn open_store(backend: &Backend) -> Arc<dyn ObjectStore> {
+    match &backend.objects {
+        ObjectStoreConfig::Local(root) => {
+            Arc::new(s3::LocalDirStore::open(root, s3::LocalDirOptions::default()).expect("store"))
+        }
+        ObjectStoreConfig::S3(config) => {
+            Arc::new(s3::S3Store::new(config.as_ref().clone()).expect("s3"))
+        }
+    }
+}
+
+#[test]
+fn standard_appends_are_durable_in_objects_before_they_are_acknowledged_local() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    standard_appends_are_durable_in_objects_before_they_are_acknowledged(local(dir.path()));
+}
+
+#[test]
+fn standard_appends_are_durable_in_objects_before_they_are_acknowledged_s3() {
+    standard_appends_are_durable_in_objects_before_they_are_acknowledged(s3());
+}
+
+/// Express and standard history, evicted from a small memory budget, read back from
+/// objects; after a restart; and after the journal is lost, which only works if every
+/// express chunk reached the object store and is referenced.
+fn history_lives_in_objects(backend: Backend) {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let mut config = node_config(dir.path(), &backend);
+    config.shard.memory_budget_bytes = 256 << 10;
+    let streams = [("fast", StorageClass::Express), ("slow", StorageClass::Standard)];
+    let mut written: Vec<Vec<Vec<u8>>> =
+        streams.iter().map(|(name, _)| bodies(name, 200)).collect();
+    {
+        let node = start(config.clone());
+        let client = node.client();
+        for ((name, class), bodies) in streams.iter().zip(&written) {
+            let bucket = make_bucket(&client, name, *class, true);
+            append_each(&client, &bucket, &key("k"), bodies);
+            assert_reads_back(&client, &bucket, &key("k"), bodies);
+            let id = stream_id(&client, &bucket, &key("k"));
+            let end = bodies.len() as u64;
+            wait_until("express chunks referenced", || refs_cover(&client, id, end));
+        }
+        drop(client);
+        node.stop();
+    }
+    // Restart on the same journal, then without it.
+    for lose_journal in [false, true] {
+        if lose_journal {
+            std::fs::remove_dir_all(dir.path().join("journal")).expect("remove the journal");
+        }
+        let node = start(config.clone());
+        let client = node.client();
+        for ((name, _), bodies) in streams.iter().zip(&written) {
+            let bucket = common::bucket(name);
+            assert_reads_back(&client, &bucket, &key("k"), bodies);
+            let tail = block_on(client.check_tail(&bucket, &key("k"))).expect("tail");
+            assert_eq!(tail.seq_num, bodies.len() as u64, "{}: {name}", backend.name);
+        }
+        // Numbering continues where it was.
+        let more = block_on(client.append(&common::bucket("fast"), &key("k"), plain(&["z"])));
+        assert_eq!(more.expect("append").start.seq_num, written[0].len() as u64);
+        written[0].push(b"z".to_vec());
+        // A node that stops lets what is on its way reach the object store.
+        drop(client);
+        node.stop();
+    }
+}
+
+#[test]
+fn history_lives_in_objects_local() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    history_lives_in_objects(local(dir.path()));
+}
+
+#[test]
+fn history_lives_in_objects_s3() {
+    history_lives_in_objects(s3());
+}
+
+#[test]
+fn an_object_store_outage_backs_appends_up_and_loses_nothing() {
+    let backend = s3();
+    let proxy = backend.proxy.as_ref().expect("the s3 backend has a proxy");
+    let dir = tempfile::tempdir().expect("tempdir");
+    let mut config = node_config(dir.path(), &backend);
+    // Less than the producers below hold in flight, so a stalled store fills it.
+    config.shard.memory_budget_bytes = 48 << 10;
+    let node = start(config.clone());
+    let client = node.client();
+    let bucket = make_bucket(&client, "outage", StorageClass::Standard, true);
+    let key = key("k");
+    // Producers append until told to stop, retrying what is refused; each records what
+    // was acknowledged.
+    let stop = Arc::new(std::sync::atomic::AtomicBool::new(false));
+    let producers: Vec<_> = (0..32)
+        .map(|p| {
+            let (client, bucket, key, stop) =
+                (client.clone(), bucket.clone(), key.clone(), Arc::clone(&stop));
+            thread::spawn(move || {
+                let mut acked = Vec::new();
+                let mut refused = 0u64;
+                let mut n = 0u64;
+                while !stop.load(std::sync::atomic::Ordering::SeqCst) {
+                    let body = format!("p{p}-{n:06}-{}", "y".repeat(2000)).into_bytes();
+                    match block_on(client.append(
+                        &bucket,
+                        &key,
+                        batch(std::slice::from_ref(&body), AppendConditions::default()),
+                    )) {
+                        Ok(ack) => {
+                            acked.push((ack.start.seq_num, body));
+                            n += 1;
+                        }
+                        Err(e) if e.code() == engine::Code::ResourceExhausted => {
+                            refused += 1;
+                            thread::sleep(Duration::from_millis(5));
+                        }
+                        Err(e) => panic!("append: {e}"),
+                    }
+                }
+                (acked, refused)
+            })
+        })
+        .collect();
+    let acked_now =
+        |client: &Client| block_on(client.check_tail(&bucket, &key)).expect("tail").seq_num;
+    wait_until("appends flow", || acked_now(&client) >= 50);
+    proxy.set_down(true);
+    // Down: the tail stops moving while producers back up against the memory budget.
+    let before = acked_now(&client);
+    thread::sleep(Duration::from_millis(1500));
+    let during = acked_now(&client);
+    assert!(
+        during <= before + 64,
+        "little is acknowledged while the store is down: {before} -> {during}"
+    );
+    proxy.set_down(false);
+    wait_until("appends resume", || acked_now(&client) >= during + 50);
+    stop.store(true, std::sync::atomic::Ordering::SeqCst);
+    let mut acked = Vec::new();
+    let mut refused = 0;
+    for producer in producers {
+        let (a, r) = producer.join().expect("producer");
+        acked.extend(a);
+        refused += r;
+    }
+    assert!(refused > 0, "the memory budget refused appends while the store was down");
+    acked.sort();
+    let check = |client: &Client| {
+        let all = read_all(client, &bucket, &key);
+        let by_seq: std::collections::HashMap<u64, &Vec<u8>> =
+            all.iter().map(|r| (r.0, &r.2)).collect();
+        assert_eq!(by_seq.len(), all.len(), "no record twice");
+        for (seq, body) in &acked {
+            assert_eq!(by_seq.get(seq).copied(), Some(body), "acknowledged record {seq}");
+        }
+        let seqs: Vec<u64> = all.iter().map(|r| r.0).collect();
+        assert_eq!(seqs, (0..all.len() as u64).collect::<Vec<_>>(), "gap-free");
+    };
+    check(&client);
+    drop(client);
+    node.stop();
+    let node = start(config);
+    check(&node.client());
+    node.stop();
+}
