@@ -223,13 +223,16 @@ impl Node {
     }
 
     fn start_with(
-        config: NodeConfig,
+        mut config: NodeConfig,
         clock: Arc<dyn Clock>,
         service: Option<Service>,
     ) -> Result<Node> {
         assert!(config.shards > 0, "a node has at least one shard");
         std::fs::create_dir_all(&config.data_dir)
             .map_err(|e| io_error("create the data directory", &e))?;
+        // glommio opens the journal's directories by absolute path only.
+        config.data_dir = std::path::absolute(&config.data_dir)
+            .map_err(|e| io_error("resolve the data directory", &e))?;
         check_manifest(&config.data_dir, config.shards)?;
         let uploader = Uploader::start(config.objects.open()?, config.uploader.clone(), "")?;
         let meta = match RedbMetaStore::open(config.data_dir.join("meta"), config.meta) {
