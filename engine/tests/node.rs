@@ -516,3 +516,18 @@ fn a_service_runs_on_every_shard_and_finishes_its_work_before_the_node_stops() {
     let ends: Vec<u64> = acks.try_iter().map(|a| a.expect("served while stopping")).collect();
     assert_eq!(ends, [1, 1], "each shard's service ran and finished its append before the stop");
 }
+
+#[test]
+fn a_relative_data_directory_works() {
+    // nextest runs each test in a process of its own, so changing directory is local.
+    let dir = tempfile::tempdir().expect("tempdir");
+    std::env::set_current_dir(dir.path()).expect("chdir");
+    let node = start(config(std::path::Path::new("nova-data"), 1));
+    let client = node.client();
+    let bucket = make_bucket(&client, "rel", express(), true);
+    let ack = block_on(client.append(&bucket, &key("k"), plain(&["a"]))).expect("append");
+    assert_eq!(ack.end.seq_num, 1);
+    drop(client);
+    node.stop();
+    assert!(dir.path().join("nova-data/journal").is_dir());
+}
