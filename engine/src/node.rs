@@ -28,8 +28,8 @@ use crate::names::{BucketName, StreamKey};
 use crate::options::StreamOptionsPatch;
 use crate::position::Tail;
 use crate::shard::{
-    Answer, AppendAck, AppendRequest, Op, ReadReply, ReadRequest, Reply, Shard, ShardConfig,
-    ShardStats, TrimTo,
+    Answer, AppendAck, AppendRequest, Op, PlanRequest, ReadPlan, ReadReply, ReadRequest, Reply,
+    Shard, ShardConfig, ShardStats, TrimTo,
 };
 use crate::uploader::{Uploader, UploaderConfig};
 
@@ -417,6 +417,8 @@ async fn run_shard(
             }
             Message::StopService(done) => {
                 stopping.set();
+                // Long polls in hand answer now, so the service can finish them.
+                shard.close();
                 let running = service.take();
                 glommio::spawn_local(async move {
                     if let Some(running) = running {
@@ -429,6 +431,7 @@ async fn run_shard(
             Message::Stop => break,
         }
     }
+    shard.close();
     // Answer what is in hand (every handler gives its permit back when done), then let
     // the flusher finish and drop everything the shard holds, its metadata handle too.
     let _ = permits.acquire(config.handlers_max).await;
@@ -532,6 +535,33 @@ impl Client {
     ) -> Result<ReadReply> {
         match self.call(bucket, key, Door::Read, Op::Read(request)).await? {
             Reply::Read(page) => Ok(page),
+            other => Err(unexpected(&other)),
+        }
+    }
+
+    /// Reads one page of a stream that must exist: never creates it, whatever its bucket
+    /// says (a subscription that must end when its stream is deleted).
+    pub async fn read_existing(
+        &self,
+        bucket: &BucketName,
+        key: &StreamKey,
+        request: ReadRequest,
+    ) -> Result<ReadReply> {
+        match self.call(bucket, key, Door::Observe, Op::Read(request)).await? {
+            Reply::Read(page) => Ok(page),
+            other => Err(unexpected(&other)),
+        }
+    }
+
+    /// ReadPlan: the object-store extents that hold the requested records.
+    pub async fn plan(
+        &self,
+        bucket: &BucketName,
+        key: &StreamKey,
+        request: PlanRequest,
+    ) -> Result<ReadPlan> {
+        match self.call(bucket, key, Door::Observe, Op::Plan(request)).await? {
+            Reply::Plan(plan) => Ok(plan),
             other => Err(unexpected(&other)),
         }
     }

@@ -183,6 +183,37 @@ pub struct ReadReply {
     pub reached_until: bool,
 }
 
+/// A ReadPlan request: where to start and how much (the Read's start and bounds).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct PlanRequest {
+    pub start: ReadStart,
+    pub clamp: bool,
+    pub limits: PageLimits,
+}
+
+/// A ReadPlan (streams.md): the extents of the object store that hold the requested
+/// records, in order, for clients that read the store directly.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct ReadPlan {
+    pub extents: Vec<Extent>,
+    /// Where records only this node holds start (not yet in the object store), when the
+    /// request reaches them: read those through the API.
+    pub memory_from_seq_num: Option<u64>,
+    pub tail: Tail,
+}
+
+/// One extent: `length` bytes at `offset` of `object` are one slot (docs/format.md:
+/// a 64-byte slot envelope, then a chunk) holding records `first_seq_num` on, `count`
+/// of them. The first and last extents may hold records outside the request.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Extent {
+    pub object: String,
+    pub offset: u64,
+    pub length: u64,
+    pub first_seq_num: u64,
+    pub count: u32,
+}
+
 /// Where a Trim goes.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum TrimTo {
@@ -196,6 +227,7 @@ pub enum TrimTo {
 pub enum Op {
     Append(AppendRequest),
     Read(ReadRequest),
+    Plan(PlanRequest),
     CheckTail,
     Fence { token: String, expected: Option<String> },
     Trim(TrimTo),
@@ -216,6 +248,7 @@ pub enum Answer {
 pub enum Reply {
     Appended(AppendAck),
     Read(ReadReply),
+    Plan(ReadPlan),
     Tail(Tail),
     Trimmed { trim_seq_num: u64 },
     Reconfigured(Box<StreamRecord>),
@@ -251,6 +284,8 @@ pub struct ShardStats {
     pub batches_acked: u64,
     /// Upload jobs applied (standard acknowledged, or express referenced).
     pub upload_jobs: u64,
+    /// Reads waiting for records now (long polls).
+    pub reads_waiting: u64,
 }
 
 pub(crate) struct Shard {
@@ -284,6 +319,8 @@ pub(crate) struct Shard {
     failed: RefCell<Option<String>>,
     /// Set when the shard stops: the flusher returns once nothing is left to flush.
     stopping: Cell<bool>,
+    /// Set when the node starts stopping: waiting reads answer with what they have.
+    closing: Cell<bool>,
     stats: Cell<ShardStats>,
 }
 
@@ -319,6 +356,7 @@ impl Shard {
             unapplied: Cell::new(0),
             failed: RefCell::default(),
             stopping: Cell::new(false),
+            closing: Cell::new(false),
             stats: Cell::default(),
         })
     }
@@ -329,6 +367,15 @@ impl Shard {
 
     pub(crate) fn stats(&self) -> ShardStats {
         self.stats.get()
+    }
+
+    /// The node is stopping: reads waiting for records answer now with what they have
+    /// (an empty page), so that stopping never waits out a long poll.
+    pub(crate) fn close(&self) {
+        self.closing.set(true);
+        for slot in self.streams.borrow().values() {
+            slot.changed.notify();
+        }
     }
 
     /// Asks the flusher to return once every queued stream is flushed. Called after the
@@ -399,6 +446,7 @@ impl Shard {
         match op {
             Op::Append(request) => self.append(&slot, request).await.map(Reply::Appended),
             Op::Read(request) => self.read(&slot, request).await.map(Reply::Read),
+            Op::Plan(request) => self.plan(&slot, request).await.map(Reply::Plan),
             Op::CheckTail => Ok(Reply::Tail(slot.leader.borrow().tail())),
             Op::Fence { token, expected } => {
                 self.fence(&slot, token, expected).await.map(Reply::Tail)
@@ -775,14 +823,39 @@ impl Shard {
             }
             let from = self.locate(slot, request.start, request.clamp).await?;
             let reply = self.page(slot, from, request.limits).await?;
-            let waited_out = deadline.is_none_or(|d| Instant::now() >= d);
+            let waited_out = deadline.is_none_or(|d| Instant::now() >= d) || self.closing.get();
             if reply.record_count > 0 || waited_out {
                 return Ok(reply);
             }
             let left =
                 deadline.map_or(Duration::ZERO, |d| d.saturating_duration_since(Instant::now()));
+            self.count(|s| s.reads_waiting += 1);
             futures_lite::future::or(slot.changed.changed(seen), glommio::timer::sleep(left)).await;
+            self.count(|s| s.reads_waiting -= 1);
         }
+    }
+
+    async fn plan(&self, slot: &Slot, request: PlanRequest) -> Result<ReadPlan> {
+        let from = self.locate(slot, request.start, request.clamp).await?;
+        let leader = slot.leader.borrow();
+        let mut plan =
+            ReadPlan { extents: Vec::new(), memory_from_seq_num: None, tail: leader.tail() };
+        for chunk in leader.chunks_from(from, request.limits) {
+            match &chunk.location {
+                Stored::Object(object) => plan.extents.push(Extent {
+                    object: object.key.to_string(),
+                    offset: object.offset,
+                    length: object.length,
+                    first_seq_num: chunk.first_seq_num,
+                    count: chunk.record_count,
+                }),
+                Stored::Journal(_) => {
+                    plan.memory_from_seq_num = Some(chunk.first_seq_num.max(from));
+                    break;
+                }
+            }
+        }
+        Ok(plan)
     }
 
     async fn locate(&self, slot: &Slot, start: ReadStart, clamp: bool) -> Result<u64> {

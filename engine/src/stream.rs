@@ -557,6 +557,28 @@ impl<B: ChunkStorage, L: Clone> Leader<B, L> {
         Step::Ready(page)
     }
 
+    /// The durable chunks holding records from `from` within `limits`, in order, judged
+    /// by chunk (record counts, stored bytes, and the last timestamp against `until`):
+    /// what a ReadPlan lists. The last chunk may hold records past the limits.
+    pub fn chunks_from(
+        &self,
+        from: u64,
+        limits: PageLimits,
+    ) -> impl Iterator<Item = &DurableChunk<L>> + '_ {
+        let from = from.max(self.trim_seq_num);
+        let first = self.chunks.partition_point(|c| c.end_seq_num() <= from);
+        let (mut records, mut bytes, mut done) = (0u64, 0u64, false);
+        self.chunks.range(first..).take_while(move |chunk| {
+            if done || records >= limits.records || (records > 0 && bytes >= limits.bytes) {
+                return false;
+            }
+            records += chunk.end_seq_num() - chunk.first_seq_num.max(from);
+            bytes += u64::from(chunk.data_len);
+            done = limits.until.is_some_and(|until| chunk.last_timestamp >= until);
+            true
+        })
+    }
+
     /// Puts a chunk read back from storage into the cache. Returns its stored bytes
     /// (what the cache now holds), or 0 if it is no longer needed.
     pub fn install_loaded(&mut self, first_seq_num: u64, chunk: Rc<dyn ChunkSource>) -> u64 {

@@ -531,3 +531,36 @@ fn a_relative_data_directory_works() {
     node.stop();
     assert!(dir.path().join("nova-data/journal").is_dir());
 }
+
+#[test]
+fn stopping_a_node_ends_waiting_reads_at_once() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let node = start(config(dir.path(), 1));
+    let client = node.client();
+    let bucket = make_bucket(&client, "poll", express(), true);
+    block_on(client.append(&bucket, &key("k"), plain(&["a"]))).expect("append");
+    let reader = {
+        let (client, bucket) = (client.clone(), bucket.clone());
+        thread::spawn(move || {
+            let request = ReadRequest {
+                start: ReadStart::SeqNum(1),
+                clamp: false,
+                limits: ALL,
+                wait: Some(Duration::from_secs(600)),
+            };
+            block_on(client.read(&bucket, &key("k"), request))
+        })
+    };
+    // The read is waiting once the shard has it; a stop must not wait out its 600 s.
+    let deadline = Instant::now() + Duration::from_secs(60);
+    while block_on(client.stats()).expect("stats")[0].reads_waiting == 0 {
+        assert!(Instant::now() < deadline, "the read never started waiting");
+        thread::sleep(Duration::from_millis(2));
+    }
+    drop(client);
+    let started = Instant::now();
+    node.stop();
+    let reply = reader.join().expect("reader").expect("an empty page, not an error");
+    assert_eq!((reply.record_count, reply.next_seq_num), (0, 1));
+    assert!(started.elapsed() < Duration::from_secs(60), "stop waited {:?}", started.elapsed());
+}
