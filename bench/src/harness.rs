@@ -61,3 +61,16 @@ pub fn print_table(title: &str, reference: &str, rows: &[Row]) {
         );
     }
 }
+
+/// Latency percentiles in microseconds.
+#[derive(Clone, Copy, Debug)]
+pub struct Percentiles {
+    pub p50: u64,
+    pub p99: u64,
+}
+
+impl Percentiles {
+    pub fn of(histogram: &hdrhistogram::Histogram<u64>) -> Self {
+        Self { p50: histogram.value_at_quantile(0.50), p99: histogram.value_at_quantile(0.99) }
+    }
+}

@@ -1,0 +1,480 @@
+//! Appends over loopback HTTP to a real `nova serve` child process (1 KiB records,
+//! express streams), in JSON and in the binary framing (`application/x-nova-records`),
+//! next to raw loopback TCP measured in the same run.
+//!
+//! The reference is what loopback gives one TCP connection with nothing of nova or HTTP
+//! in the way: a sender thread writing 128 KiB buffers to a receiver thread that
+//! discards them (what `iperf3 -c 127.0.0.1` measures). The appends' content bytes per
+//! second are ratios to it.
+//!
+//! The client is a minimal HTTP/1.1 keep-alive client of this file: each connection is a
+//! closed loop on its own thread (send one append, read its response, send the next),
+//! so latency is per append from the first byte sent to the last byte of the response.
+//! The server is `target/ci/nova`, found next to this binary; the bench never builds it.
+
+use std::io::{self, BufRead, BufReader, Read, Write};
+use std::net::{TcpListener, TcpStream};
+use std::path::{Path, PathBuf};
+use std::process::{Child, ChildStdout, Command, Stdio};
+use std::sync::{Arc, Barrier};
+use std::thread;
+use std::time::{Duration, Instant};
+
+use engine::framing::{AppendBuilder, AppendConditions};
+use hdrhistogram::Histogram;
+
+use crate::harness::Percentiles;
+
+const RECORD_BYTES: usize = 1024;
+/// Keep-alive connections, each a closed-loop producer on its own thread.
+const CONNECTIONS: usize = 16;
+const BINARY_MEDIA_TYPE: &str = "application/x-nova-records";
+
+struct Durations {
+    warmup: Duration,
+    measure: Duration,
+    /// One pass of the loopback reference (the best of `reference_passes` counts).
+    reference: Duration,
+    reference_passes: u32,
+}
+
+#[derive(Clone, Copy, PartialEq, Eq)]
+enum Format {
+    Json,
+    Binary,
+}
+
+#[derive(Clone, Copy)]
+struct Case {
+    format: Format,
+    streams: usize,
+    records: usize,
+}
+
+struct Outcome {
+    appends_per_second: f64,
+    content_bytes_per_second: f64,
+    request_bytes_per_second: f64,
+    latency: Percentiles,
+    refused: u64,
+}
+
+/// A `nova serve` child on a loopback port; stopped with SIGTERM when dropped.
+struct Server {
+    child: Child,
+    authority: String,
+    log: PathBuf,
+    // Held so the server's stdout stays open while it runs.
+    _stdout: BufReader<ChildStdout>,
+}
+
+impl Server {
+    fn start(binary: &Path, data_dir: &Path) -> Result<Self, String> {
+        let log = data_dir.with_extension("log");
+        let log_file =
+            std::fs::File::create(&log).map_err(|e| format!("create {}: {e}", log.display()))?;
+        let mut child = Command::new(binary)
+            .arg("serve")
+            .args(["--listen", "127.0.0.1:0", "--data-dir"])
+            .arg(data_dir)
+            .stdin(Stdio::null())
+            .stdout(Stdio::piped())
+            .stderr(log_file)
+            .spawn()
+            .map_err(|e| format!("start {}: {e}", binary.display()))?;
+        let stdout = child.stdout.take().expect("stdout is piped");
+        let mut stdout = BufReader::new(stdout);
+        let mut line = String::new();
+        loop {
+            line.clear();
+            let read = stdout.read_line(&mut line).map_err(|e| format!("nova's stdout: {e}"))?;
+            if read == 0 {
+                let _ = child.wait();
+                let log_text = std::fs::read_to_string(&log).unwrap_or_default();
+                return Err(format!("nova serve exited before it listened: {log_text}"));
+            }
+            if let Some(url) = line.trim().strip_prefix("nova listening on http://") {
+                let authority = url.to_owned();
+                return Ok(Server { child, authority, log, _stdout: stdout });
+            }
+        }
+    }
+}
+
+impl Drop for Server {
+    fn drop(&mut self) {
+        let pid = libc::pid_t::try_from(self.child.id()).expect("a pid fits pid_t");
+        // SAFETY: kill(2) with a pid this process started and has not reaped yet.
+        unsafe { libc::kill(pid, libc::SIGTERM) };
+        let deadline = Instant::now() + Duration::from_secs(20);
+        while Instant::now() < deadline {
+            if let Ok(Some(_)) = self.child.try_wait() {
+                let _ = std::fs::remove_file(&self.log);
+                return;
+            }
+            thread::sleep(Duration::from_millis(20));
+        }
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
+
+/// One keep-alive HTTP/1.1 connection.
+struct Connection {
+    writer: TcpStream,
+    reader: BufReader<TcpStream>,
+    request: Vec<u8>,
+    body: Vec<u8>,
+}
+
+impl Connection {
+    fn open(authority: &str) -> io::Result<Self> {
+        let stream = TcpStream::connect(authority)?;
+        stream.set_nodelay(true)?;
+        stream.set_read_timeout(Some(Duration::from_secs(30)))?;
+        let reader = BufReader::with_capacity(64 << 10, stream.try_clone()?);
+        Ok(Self { writer: stream, reader, request: Vec::new(), body: Vec::new() })
+    }
+
+    /// Sends a POST and reads its whole response; returns the status (the body is in
+    /// `self.body`).
+    fn post(&mut self, path: &str, content_type: &str, body: &[u8]) -> io::Result<u16> {
+        self.request.clear();
+        write!(
+            self.request,
+            "POST {path} HTTP/1.1\r\nHost: bench\r\nContent-Type: {content_type}\r\n\
+             Content-Length: {}\r\n\r\n",
+            body.len()
+        )?;
+        self.request.extend_from_slice(body);
+        self.writer.write_all(&self.request)?;
+        self.read_response()
+    }
+
+    fn read_response(&mut self) -> io::Result<u16> {
+        let bad = |what: String| io::Error::new(io::ErrorKind::InvalidData, what);
+        let mut line = String::new();
+        if self.reader.read_line(&mut line)? == 0 {
+            return Err(io::Error::new(io::ErrorKind::UnexpectedEof, "connection closed"));
+        }
+        let status: u16 = line
+            .split(' ')
+            .nth(1)
+            .and_then(|code| code.parse().ok())
+            .ok_or_else(|| bad(format!("status line {line:?}")))?;
+        let (mut length, mut chunked) = (None, false);
+        loop {
+            line.clear();
+            self.reader.read_line(&mut line)?;
+            let header = line.trim_end();
+            if header.is_empty() {
+                break;
+            }
+            let Some((name, value)) = header.split_once(':') else { continue };
+            let value = value.trim();
+            if name.eq_ignore_ascii_case("content-length") {
+                length = Some(value.parse::<usize>().map_err(|_| bad(line.clone()))?);
+            } else if name.eq_ignore_ascii_case("transfer-encoding") {
+                chunked = value.eq_ignore_ascii_case("chunked");
+            }
+        }
+        self.body.clear();
+        if chunked {
+            loop {
+                line.clear();
+                self.reader.read_line(&mut line)?;
+                let size = usize::from_str_radix(line.trim().split(';').next().unwrap_or(""), 16)
+                    .map_err(|_| bad(format!("chunk size {line:?}")))?;
+                let at = self.body.len();
+                self.body.resize(at + size + 2, 0);
+                self.reader.read_exact(&mut self.body[at..])?;
+                self.body.truncate(at + size);
+                if size == 0 {
+                    break;
+                }
+            }
+        } else {
+            let length = length.ok_or_else(|| bad("a response without a length".into()))?;
+            self.body.resize(length, 0);
+            self.reader.read_exact(&mut self.body)?;
+        }
+        Ok(status)
+    }
+}
+
+/// A request body of `records` 1 KiB records, and its content type.
+fn append_body(format: Format, records: usize) -> (&'static str, Vec<u8>) {
+    match format {
+        Format::Binary => {
+            let body = vec![0x42u8; RECORD_BYTES];
+            let mut builder = AppendBuilder::new();
+            for _ in 0..records {
+                builder.push::<&[u8], &[u8]>(&[], &body).expect("fits");
+            }
+            (BINARY_MEDIA_TYPE, builder.finish(&AppendConditions::default()))
+        }
+        Format::Json => {
+            let body = "b".repeat(RECORD_BYTES);
+            let record = format!("{{\"body\":\"{body}\"}}");
+            let json = format!("{{\"records\":[{}]}}", vec![record; records].join(","));
+            ("application/json", json.into_bytes())
+        }
+    }
+}
+
+fn run_case(authority: &str, bucket: &str, case: Case, durations: &Durations) -> Outcome {
+    let gate = Arc::new(Barrier::new(CONNECTIONS + 1));
+    let (content_type, body) = append_body(case.format, case.records);
+    let body = Arc::new(body);
+    let tag = match case.format {
+        Format::Json => "json",
+        Format::Binary => "bin",
+    };
+    let threads: Vec<_> = (0..CONNECTIONS)
+        .map(|c| {
+            let (gate, body, authority) =
+                (Arc::clone(&gate), Arc::clone(&body), authority.to_owned());
+            let paths: Vec<String> = (0..case.streams)
+                .map(|s| {
+                    format!(
+                        "/v1/streams/{bucket}/{tag}-{}-{}-{s}/records",
+                        case.streams, case.records
+                    )
+                })
+                .collect();
+            let (warmup, measure) = (durations.warmup, durations.measure);
+            thread::spawn(move || {
+                let mut connection = Connection::open(&authority).expect("connect to nova");
+                let mut refused = 0u64;
+                let mut turn = c;
+                let mut append = |connection: &mut Connection, refused: &mut u64| -> bool {
+                    let path = &paths[turn % paths.len()];
+                    turn += CONNECTIONS;
+                    let status = connection.post(path, content_type, &body).expect("append");
+                    match status {
+                        200 => true,
+                        429 | 503 => {
+                            *refused += 1;
+                            thread::sleep(Duration::from_millis(1));
+                            false
+                        }
+                        other => panic!(
+                            "append to {path}: {other} {}",
+                            String::from_utf8_lossy(&connection.body)
+                        ),
+                    }
+                };
+                let warm_until = Instant::now() + warmup;
+                while Instant::now() < warm_until {
+                    append(&mut connection, &mut refused);
+                }
+                refused = 0;
+                gate.wait();
+                let mut latency = Histogram::<u64>::new(3).expect("histogram");
+                let mut appends = 0u64;
+                let started = Instant::now();
+                while started.elapsed() < measure {
+                    let sent = Instant::now();
+                    if append(&mut connection, &mut refused) {
+                        latency.record(sent.elapsed().as_micros() as u64).expect("in range");
+                        appends += 1;
+                    }
+                }
+                (appends, refused, started.elapsed(), latency)
+            })
+        })
+        .collect();
+    gate.wait();
+    let mut latency = Histogram::<u64>::new(3).expect("histogram");
+    let (mut appends, mut refused, mut elapsed) = (0u64, 0u64, Duration::ZERO);
+    for thread in threads {
+        let (count, refusals, took, histogram) = thread.join().expect("connection");
+        appends += count;
+        refused += refusals;
+        elapsed = elapsed.max(took);
+        latency.add(&histogram).expect("same precision");
+    }
+    let seconds = elapsed.as_secs_f64();
+    Outcome {
+        appends_per_second: appends as f64 / seconds,
+        content_bytes_per_second: (appends * (case.records * RECORD_BYTES) as u64) as f64 / seconds,
+        request_bytes_per_second: (appends * body.len() as u64) as f64 / seconds,
+        latency: Percentiles::of(&latency),
+        refused,
+    }
+}
+
+/// Bytes per second one loopback TCP connection carries: the best of `passes`.
+fn loopback_reference(pass: Duration, passes: u32) -> f64 {
+    let mut best = 0f64;
+    for _ in 0..passes {
+        let listener = TcpListener::bind("127.0.0.1:0").expect("bind loopback");
+        let addr = listener.local_addr().expect("address");
+        let receiver = thread::spawn(move || {
+            let (mut stream, _) = listener.accept().expect("accept");
+            let mut buf = vec![0u8; 256 << 10];
+            let mut received = 0u64;
+            loop {
+                match stream.read(&mut buf) {
+                    Ok(0) => return received,
+                    Ok(n) => received += n as u64,
+                    Err(e) if e.kind() == io::ErrorKind::Interrupted => {}
+                    Err(e) => panic!("loopback receive: {e}"),
+                }
+            }
+        });
+        let mut sender = TcpStream::connect(addr).expect("connect loopback");
+        let buf = vec![0x5au8; 128 << 10];
+        let started = Instant::now();
+        while started.elapsed() < pass {
+            sender.write_all(&buf).expect("loopback send");
+        }
+        drop(sender);
+        let received = receiver.join().expect("receiver");
+        best = best.max(received as f64 / started.elapsed().as_secs_f64());
+    }
+    best
+}
+
+/// `nova` next to this binary (`target/ci/nova` when this is `target/ci/bench`).
+fn server_binary() -> Result<PathBuf, String> {
+    let exe = std::env::current_exe().map_err(|e| format!("this binary's path: {e}"))?;
+    let dir = exe.parent().ok_or("this binary has no directory")?;
+    let nova = dir.join("nova");
+    if nova.is_file() {
+        Ok(nova)
+    } else {
+        Err(format!(
+            "{} is missing: the http suite runs the real server and never builds it. Build it \
+             first with `cargo build --profile ci -p net --bin nova` (./scripts/check's test \
+             step builds it too)",
+            nova.display()
+        ))
+    }
+}
+
+fn create_bucket(authority: &str, bucket: &str) -> Result<(), String> {
+    let mut connection =
+        Connection::open(authority).map_err(|e| format!("connect to nova at {authority}: {e}"))?;
+    let status = connection
+        .post(
+            &format!("/v1/buckets/{bucket}"),
+            "application/json",
+            br#"{"create_stream_on_append":true,"default_class":"express"}"#,
+        )
+        .map_err(|e| format!("create bucket {bucket}: {e}"))?;
+    if !(200..300).contains(&status) {
+        return Err(format!(
+            "create bucket {bucket}: {status} {}",
+            String::from_utf8_lossy(&connection.body)
+        ));
+    }
+    Ok(())
+}
+
+pub fn run(quick: bool) -> Result<(), String> {
+    let binary = match server_binary() {
+        Ok(binary) => binary,
+        Err(why) if quick => {
+            println!("\nhttp: skipped: {why}");
+            return Ok(());
+        }
+        Err(why) => return Err(why),
+    };
+    let durations = if quick {
+        Durations {
+            warmup: Duration::from_millis(20),
+            measure: Duration::from_millis(100),
+            reference: Duration::from_millis(100),
+            reference_passes: 1,
+        }
+    } else {
+        Durations {
+            warmup: Duration::from_millis(500),
+            measure: Duration::from_secs(3),
+            reference: Duration::from_secs(1),
+            reference_passes: 3,
+        }
+    };
+    // On the real disk (not a tmpfs): express appends are acknowledged from its journal.
+    let dir = std::env::current_dir().expect("cwd").join("target").join("bench-http");
+    let _ = std::fs::remove_dir_all(&dir);
+    std::fs::create_dir_all(&dir).map_err(|e| format!("create {}: {e}", dir.display()))?;
+    let data_dir = dir.join("data");
+
+    let loopback_before = loopback_reference(durations.reference, durations.reference_passes);
+    let server = Server::start(&binary, &data_dir)?;
+    let bucket = "bench";
+    create_bucket(&server.authority, bucket)?;
+    let mut cases = Vec::new();
+    for format in [Format::Binary, Format::Json] {
+        for streams in [1, 100] {
+            for records in [1, 64] {
+                cases.push(Case { format, streams, records });
+            }
+        }
+    }
+    let outcomes: Vec<Outcome> =
+        cases.iter().map(|&case| run_case(&server.authority, bucket, case, &durations)).collect();
+    drop(server);
+    let loopback_after = loopback_reference(durations.reference, durations.reference_passes);
+    let loopback = loopback_before.max(loopback_after);
+
+    println!("\n### Appends over loopback HTTP to `nova serve` (express, 1 KiB records)\n");
+    println!(
+        "Server: {} (default knobs: one shard on this 2-core machine), its data under \
+         target/bench-http. Client: {CONNECTIONS} keep-alive connections, each a closed loop \
+         on its own thread; {:.1} s measured per case after {:.1} s of warm-up. Reference in \
+         the same run: one loopback TCP connection, 128 KiB writes, best of {} passes of \
+         {:.1} s before and after the cases: {:.0} MB/s (before {:.0}, after {:.0}).\n",
+        binary.display(),
+        durations.measure.as_secs_f64(),
+        durations.warmup.as_secs_f64(),
+        durations.reference_passes,
+        durations.reference.as_secs_f64(),
+        loopback / 1e6,
+        loopback_before / 1e6,
+        loopback_after / 1e6,
+    );
+    println!(
+        "| format | streams | records per batch | appends/s | MB/s content | MB/s of requests | \
+         ratio to loopback (content) | p50 µs | p99 µs | refused |"
+    );
+    println!("|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|");
+    for (case, outcome) in cases.iter().zip(&outcomes) {
+        println!(
+            "| {} | {} | {} | {:.0} | {:.1} | {:.1} | {:.3} | {} | {} | {} |",
+            match case.format {
+                Format::Json => "JSON",
+                Format::Binary => "binary",
+            },
+            case.streams,
+            case.records,
+            outcome.appends_per_second,
+            outcome.content_bytes_per_second / 1e6,
+            outcome.request_bytes_per_second / 1e6,
+            outcome.content_bytes_per_second / loopback,
+            outcome.latency.p50,
+            outcome.latency.p99,
+            outcome.refused,
+        );
+    }
+    let target = cases
+        .iter()
+        .zip(&outcomes)
+        .filter(|(case, _)| case.format == Format::Binary && case.records == 64)
+        .map(|(case, outcome)| {
+            format!(
+                "{} stream(s): {:.2}",
+                case.streams,
+                outcome.content_bytes_per_second / loopback
+            )
+        })
+        .collect::<Vec<_>>()
+        .join(", ");
+    println!(
+        "\nTarget (issue 6): binary 64-record batches at 0.40 of raw loopback or more: {target}."
+    );
+    let _ = std::fs::remove_dir_all(&dir);
+    Ok(())
+}
