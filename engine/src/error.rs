@@ -285,10 +285,11 @@ pub enum Error {
     #[error("chunk refused by the uploader: {0}")]
     UploadRefused(#[from] crate::transit::PushRefused),
 
-    /// The object store refused a transit bundle's PUT for a reason retrying will not
-    /// fix (an invalid key or size, or a different object already under its key).
-    #[error("transit bundle {key} could not be written: {reason}")]
-    BundleUploadFailed { key: String, reason: String },
+    /// The object store refused an object's PUT (a transit bundle, a settled object) for
+    /// a reason retrying will not fix (an invalid key or size, or a different object
+    /// already under its key).
+    #[error("object {key} could not be written: {reason}")]
+    ObjectWriteFailed { key: String, reason: String },
 
     /// The metadata store failed or refused a transaction. Callers turn the conflicts
     /// they expect (a taken address, a lost race) into their own variants first.
@@ -349,7 +350,7 @@ impl Error {
             | Error::CorruptBundle(_)
             | Error::CorruptSettled(_)
             | Error::UploadRefused(_)
-            | Error::BundleUploadFailed { .. } => Code::Internal,
+            | Error::ObjectWriteFailed { .. } => Code::Internal,
             Error::Framing(_) => Code::InvalidArgument,
             Error::Meta(meta) => match meta {
                 MetaError::Conflict { .. } => Code::FailedPrecondition,
@@ -704,12 +705,9 @@ mod tests {
                 &["refused by the uploader", "7 slots"],
             ),
             (
-                Error::BundleUploadFailed {
-                    key: "_transit/x".into(),
-                    reason: "invalid key".into(),
-                },
+                Error::ObjectWriteFailed { key: "_transit/x".into(), reason: "invalid key".into() },
                 Code::Internal,
-                &["transit bundle _transit/x", "invalid key"],
+                &["object _transit/x", "invalid key"],
             ),
             (
                 Error::Meta(MetaError::Conflict { check: 0, key: b"a/b".to_vec(), found: None }),

@@ -105,6 +105,7 @@ impl NodeConfig {
                     .expect("small"),
                 // The node sets it from `uploader` when it starts.
                 upload_job_bytes_max: tuning::BUNDLE_BYTES_TARGET.default,
+                settle: crate::shard::SettleConfig::default(),
             },
             journal: JournalConfig::default(),
             meta: RedbMetaOptions::default(),
@@ -388,6 +389,7 @@ async fn run_shard(
     let shard = Shard::new(index, shard_config, control, clock, journal, uploader);
     glommio::spawn_local(Rc::clone(&shard).feeder()).detach();
     glommio::spawn_local(Rc::clone(&shard).completer()).detach();
+    glommio::spawn_local(Rc::clone(&shard).settler()).detach();
     if let Err(error) = shard.recover_journal(entries.entries).await {
         let _ = ready.send(Err(error));
         return;

@@ -25,7 +25,10 @@
 //! `.await`.
 
 mod recovery;
+mod settle;
 mod uploads;
+
+pub use settle::SettleConfig;
 
 use std::cell::{Cell, RefCell};
 use std::collections::{HashMap, HashSet, VecDeque};
@@ -137,6 +140,8 @@ pub struct ShardConfig {
     /// Chunk bytes one upload request gathers from the queue at most: the uploader's
     /// bundle target (a request travels in one bundle), set by the node.
     pub upload_job_bytes_max: u64,
+    /// The settling duty's target size, age and interval.
+    pub settle: SettleConfig,
 }
 
 /// Journal chunks found without a ref at start, uploaded per job.
@@ -286,6 +291,9 @@ pub struct ShardStats {
     pub upload_jobs: u64,
     /// Reads waiting for records now (long polls).
     pub reads_waiting: u64,
+    /// Settled objects written, and settles that failed (tried again later).
+    pub settled_objects: u64,
+    pub settle_failures: u64,
 }
 
 pub(crate) struct Shard {

@@ -557,6 +557,11 @@ impl<B: ChunkStorage, L: Clone> Leader<B, L> {
         Step::Ready(page)
     }
 
+    /// Every durable chunk held (at or above the trim watermark), in sequence order.
+    pub fn durable_chunks(&self) -> impl Iterator<Item = &DurableChunk<L>> + '_ {
+        self.chunks.iter()
+    }
+
     /// The durable chunks holding records from `from` within `limits`, in order, judged
     /// by chunk (record counts, stored bytes, and the last timestamp against `until`):
     /// what a ReadPlan lists. The last chunk may hold records past the limits.

@@ -180,16 +180,16 @@ pub struct UploaderStats {
 #[derive(Clone, Debug)]
 pub struct Uploader {
     tx: flume::Sender<Message>,
-    /// Reads have their own queue: a backlog of uploads never delays a read of history.
-    reads: flume::Sender<Read>,
+    /// Reads and single-object writes have their own queue: a backlog of uploads never
+    /// delays a read of history.
+    side: flume::Sender<Side>,
     shared: Arc<Shared>,
 }
 
-/// A ranged GET for a shard.
-struct Read {
-    key: Arc<str>,
-    range: Range<u64>,
-    reply: flume::Sender<Result<Bytes>>,
+/// Work beside the bundles: a ranged GET for a shard, or one object's PUT (settling).
+enum Side {
+    Read { key: Arc<str>, range: Range<u64>, reply: flume::Sender<Result<Bytes>> },
+    Put { key: String, body: Bytes, reply: flume::Sender<Result<()>> },
 }
 
 enum Message {
@@ -263,7 +263,7 @@ impl Uploader {
             .build()
             .map_err(|e| Error::internal(format!("start the uploader's tokio runtime: {e}")))?;
         let (tx, rx) = flume::bounded(config.queue_depth);
-        let (reads, reads_rx) = flume::bounded(config.reads_in_flight_max);
+        let (side, side_rx) = flume::bounded(config.reads_in_flight_max);
         let shared = Arc::new(Shared {
             thread: Mutex::new(None),
             counters: Counters::default(),
@@ -282,8 +282,8 @@ impl Uploader {
             key_prefix: key_prefix.to_owned(),
             shared: Arc::clone(&shared),
             rx,
-            reads_rx,
-            reads_in_flight: JoinSet::new(),
+            side_rx,
+            side_in_flight: JoinSet::new(),
             pending: Vec::new(),
             pending_bytes: 0,
             pending_since: None,
@@ -314,7 +314,7 @@ impl Uploader {
             Err(_) => return Err(Error::internal("the uploader thread died while starting")),
         }
         *lock(&shared.thread) = Some(thread);
-        Ok(Uploader { tx, reads, shared })
+        Ok(Uploader { tx, side, shared })
     }
 
     /// Uploads `chunks` (sealed; their front reserve gets the slot envelope) in one
@@ -327,7 +327,7 @@ impl Uploader {
     ///
     /// Errors: `UploadRefused` when a chunk cannot be enveloped or the request's chunks
     /// overlap by sequence number (nothing of the request was written);
-    /// `BundleUploadFailed` when the store refuses the bundle for good; `Unavailable`
+    /// `ObjectWriteFailed` when the store refuses the bundle for good; `Unavailable`
     /// when the uploader stops before the bundle is durable.
     pub async fn upload(&self, chunks: Vec<UploadChunk>) -> Result<Uploaded> {
         if chunks.is_empty() {
@@ -350,7 +350,16 @@ impl Uploader {
     /// taken from a ref means lost or corrupt history.
     pub async fn read(&self, key: Arc<str>, range: Range<u64>) -> Result<Bytes> {
         let (reply, answer) = flume::bounded(1);
-        self.reads.send_async(Read { key, range, reply }).await.map_err(|_| stopped())?;
+        self.side.send_async(Side::Read { key, range, reply }).await.map_err(|_| stopped())?;
+        answer.recv_async().await.map_err(|_| stopped())?
+    }
+
+    /// Writes one object create-only under `key` (a full key), retried like a bundle
+    /// until it is durable; a retry that finds the key taken succeeds only if the object
+    /// there is byte for byte this one. Shares the reads' queue and concurrency.
+    pub async fn put_object(&self, key: String, body: Bytes) -> Result<()> {
+        let (reply, answer) = flume::bounded(1);
+        self.side.send_async(Side::Put { key, body, reply }).await.map_err(|_| stopped())?;
         answer.recv_async().await.map_err(|_| stopped())?
     }
 
@@ -440,8 +449,8 @@ struct Engine {
     key_prefix: String,
     shared: Arc<Shared>,
     rx: flume::Receiver<Message>,
-    reads_rx: flume::Receiver<Read>,
-    reads_in_flight: JoinSet<()>,
+    side_rx: flume::Receiver<Side>,
+    side_in_flight: JoinSet<()>,
     /// Requests waiting for a bundle, in arrival order.
     pending: Vec<Accepted>,
     /// Their slots' bytes.
@@ -480,13 +489,13 @@ impl Engine {
                 .map(|since| since + self.config.bundle_delay);
             // Never-firing stand-ins for timers that are off (select! evaluates them).
             let far = tokio::time::Instant::now() + Duration::from_secs(86_400);
-            let read_slot = self.reads_in_flight.len() < self.config.reads_in_flight_max;
+            let side_slot = self.side_in_flight.len() < self.config.reads_in_flight_max;
             tokio::select! {
                 biased;
                 Some(_) = self.in_flight.join_next(), if !self.in_flight.is_empty() => {}
-                Some(_) = self.reads_in_flight.join_next(), if !self.reads_in_flight.is_empty() => {}
-                Ok(read) = self.reads_rx.recv_async(), if read_slot && drain_until.is_none() => {
-                    self.start_read(read);
+                Some(_) = self.side_in_flight.join_next(), if !self.side_in_flight.is_empty() => {}
+                Ok(side) = self.side_rx.recv_async(), if side_slot && drain_until.is_none() => {
+                    self.start_side(side);
                 }
                 message = self.rx.recv_async(), if intake => match message {
                     Ok(Message::Upload(request)) => self.accept(request),
@@ -513,22 +522,25 @@ impl Engine {
         // see the channel gone and answer themselves unavailable.
     }
 
-    fn start_read(&mut self, read: Read) {
+    fn start_side(&mut self, side: Side) {
         let store = Arc::clone(&self.store);
-        self.reads_in_flight.spawn(async move {
-            let Read { key, range, reply } = read;
-            let got = store.get(&key, ByteRange::Span(range.clone())).await;
-            let answer = match got {
-                Ok(bytes) if bytes.len() as u64 == range.end - range.start => Ok(bytes),
-                Ok(bytes) => Err(Error::internal(format!(
-                    "object {key} bytes {range:?}: {} bytes came back (the object is shorter than its ref says)",
-                    bytes.len()
-                ))),
-                Err(e) if e.is_retryable() => Err(Error::unavailable(format!("the object store ({e})"))),
-                Err(e) => Err(Error::internal(format!("object {key} bytes {range:?}: {e}"))),
-            };
-            // The reader may have given up waiting.
-            let _ = reply.send(answer);
+        let (backoff_initial, backoff_max) = (self.config.backoff_initial, self.config.backoff_max);
+        let shared = Arc::clone(&self.shared);
+        self.side_in_flight.spawn(async move {
+            match side {
+                Side::Read { key, range, reply } => {
+                    let answer = read_range(&*store, &key, range).await;
+                    // The reader may have given up waiting.
+                    let _ = reply.send(answer);
+                }
+                Side::Put { key, body, reply } => {
+                    let outcome =
+                        put_durably(&*store, &shared, &key, &body, backoff_initial, backoff_max)
+                            .await
+                            .map_err(|reason| Error::ObjectWriteFailed { key, reason });
+                    let _ = reply.send(outcome);
+                }
+            }
         });
     }
 
@@ -646,6 +658,63 @@ impl Engine {
     }
 }
 
+/// One ranged GET, checked to return the whole range.
+async fn read_range(store: &dyn ObjectStore, key: &str, range: Range<u64>) -> Result<Bytes> {
+    match store.get(key, ByteRange::Span(range.clone())).await {
+        Ok(bytes) if bytes.len() as u64 == range.end - range.start => Ok(bytes),
+        Ok(bytes) => Err(Error::internal(format!(
+            "object {key} bytes {range:?}: {} bytes came back (the object is shorter than its ref says)",
+            bytes.len()
+        ))),
+        Err(e) if e.is_retryable() => Err(Error::unavailable(format!("the object store ({e})"))),
+        Err(e) => Err(Error::internal(format!("object {key} bytes {range:?}: {e}"))),
+    }
+}
+
+/// PUTs `body` create-only under `key`, retrying with capped, jittered backoff until it
+/// is durable or refused for good (the reason).
+async fn put_durably(
+    store: &dyn ObjectStore,
+    shared: &Shared,
+    key: &str,
+    body: &Bytes,
+    backoff_initial: Duration,
+    backoff_max: Duration,
+) -> std::result::Result<(), String> {
+    let counters = &shared.counters;
+    let mut ceiling = backoff_initial;
+    loop {
+        counters.put_attempts.fetch_add(1, Ordering::Relaxed);
+        let failure = match store.put(key, body.clone(), PutCondition::CreateOnly).await {
+            Ok(()) => return Ok(()),
+            // The key is ours alone (a random bundle ID, or a settled object's stream and
+            // first seq_num): an earlier attempt landed although its answer was lost.
+            // Durable if the object is exactly ours.
+            Err(e) if e.kind() == ErrorKind::AlreadyExists => {
+                match store.get(key, ByteRange::All).await {
+                    Ok(found) if found == *body => return Ok(()),
+                    Ok(found) => {
+                        return Err(format!(
+                            "another object of {} bytes is under its key",
+                            found.len()
+                        ));
+                    }
+                    Err(get) => format!("{e}; then {get}"),
+                }
+            }
+            // Retrying the same request cannot succeed.
+            Err(e) if e.kind() == ErrorKind::Invalid => return Err(e.to_string()),
+            // Unavailable, and also refused (credentials, a missing bucket): an operator
+            // may fix those while the memory budget upstream bounds what waits.
+            Err(e) => e.to_string(),
+        };
+        counters.put_failures.fetch_add(1, Ordering::Relaxed);
+        *lock(&shared.last_put_error) = Some(failure);
+        tokio::time::sleep(jittered(ceiling)).await;
+        ceiling = ceiling.saturating_mul(2).min(backoff_max);
+    }
+}
+
 /// Writes one bundle, retrying until it is durable (or refused for good), then answers
 /// its requests.
 async fn upload(
@@ -657,36 +726,8 @@ async fn upload(
 ) {
     let started = Instant::now();
     let counters = &shared.counters;
-    let mut ceiling = backoff_initial;
-    let outcome = loop {
-        counters.put_attempts.fetch_add(1, Ordering::Relaxed);
-        let failure = match store.put(&job.key, job.body.clone(), PutCondition::CreateOnly).await {
-            Ok(()) => break Ok(()),
-            // The key is ours alone (a random bundle ID): an earlier attempt landed
-            // although its answer was lost. Durable if the object is exactly ours.
-            Err(e) if e.kind() == ErrorKind::AlreadyExists => {
-                match store.get(&job.key, ByteRange::All).await {
-                    Ok(found) if found == job.body => break Ok(()),
-                    Ok(found) => {
-                        break Err(format!(
-                            "another object of {} bytes is under its key",
-                            found.len()
-                        ));
-                    }
-                    Err(get) => format!("{e}; then {get}"),
-                }
-            }
-            // Retrying the same request cannot succeed.
-            Err(e) if e.kind() == ErrorKind::Invalid => break Err(e.to_string()),
-            // Unavailable, and also refused (credentials, a missing bucket): an operator
-            // may fix those while the memory budget upstream bounds what waits.
-            Err(e) => e.to_string(),
-        };
-        counters.put_failures.fetch_add(1, Ordering::Relaxed);
-        *lock(&shared.last_put_error) = Some(failure);
-        tokio::time::sleep(jittered(ceiling)).await;
-        ceiling = ceiling.saturating_mul(2).min(backoff_max);
-    };
+    let outcome =
+        put_durably(&*store, &shared, &job.key, &job.body, backoff_initial, backoff_max).await;
     counters.in_flight.fetch_sub(1, Ordering::Relaxed);
     let Job { key, body, requests, chunks } = job;
     match outcome {
@@ -710,7 +751,7 @@ async fn upload(
         Err(reason) => {
             for (request, _) in requests {
                 let error =
-                    Error::BundleUploadFailed { key: key.to_string(), reason: reason.clone() };
+                    Error::ObjectWriteFailed { key: key.to_string(), reason: reason.clone() };
                 let _ = request.reply.send(Err(error));
             }
         }

@@ -388,3 +388,102 @@ fn a_read_plan_decodes_to_the_same_records_as_a_read_local() {
 fn a_read_plan_decodes_to_the_same_records_as_a_read_s3() {
     a_read_plan_decodes_to_the_same_records_as_a_read(s3());
 }
+
+/// Settling rewrites history into per-stream settled objects, contiguous and
+/// non-overlapping, while readers keep reading every record once; refs and the leader
+/// follow, and a restart reads the settled objects.
+fn settling_moves_history_into_per_stream_objects(backend: Backend) {
+    use std::sync::atomic::{AtomicBool, Ordering};
+
+    let dir = tempfile::tempdir().expect("tempdir");
+    let mut config = node_config(dir.path(), &backend);
+    config.shard.memory_budget_bytes = 128 << 10; // reads come from the objects
+    config.shard.settle.target_bytes = 24 << 10;
+    config.shard.settle.age = Duration::from_millis(200);
+    config.shard.settle.interval = Duration::from_millis(20);
+    let node = start(config.clone());
+    let client = node.client();
+    let streams = [("set-fast", StorageClass::Express), ("set-slow", StorageClass::Standard)];
+    let mut written = Vec::new();
+    let done = Arc::new(AtomicBool::new(false));
+    // A reader that, all along, sees every stream gap-free, each record once.
+    let reader = {
+        let (client, done) = (client.clone(), Arc::clone(&done));
+        thread::spawn(move || {
+            let mut rounds = 0u64;
+            while !done.load(Ordering::SeqCst) {
+                for (name, _) in streams {
+                    let bucket = common::bucket(name);
+                    if block_on(client.check_tail(&bucket, &key("k"))).is_err() {
+                        continue; // not made yet
+                    }
+                    let all = read_all(&client, &bucket, &key("k"));
+                    let seqs: Vec<u64> = all.iter().map(|r| r.0).collect();
+                    assert_eq!(seqs, (0..all.len() as u64).collect::<Vec<_>>(), "{name}");
+                }
+                rounds += 1;
+            }
+            rounds
+        })
+    };
+    for (name, class) in streams {
+        let bucket = make_bucket(&client, name, class, true);
+        let bodies = bodies(name, 240);
+        append_each(&client, &bucket, &key("k"), &bodies);
+        written.push((bucket, bodies));
+    }
+    let mut refs = Vec::new();
+    for (bucket, bodies) in &written {
+        let id = stream_id(&client, bucket, &key("k"));
+        let settled = |r: &engine::control::RefRow| !r.object.starts_with("_transit/");
+        wait_until("every chunk settled", || {
+            let found = block_on(client.control().refs_of(id)).expect("refs");
+            let all = found.iter().all(settled) && refs_cover(&client, id, bodies.len() as u64);
+            all.then(|| refs.push((id, found))).is_some()
+        });
+        assert_reads_back(&client, bucket, &key("k"), bodies);
+    }
+    done.store(true, Ordering::SeqCst);
+    assert!(reader.join().expect("reader") > 0, "the reader read while settling ran");
+    let stats = block_on(client.stats()).expect("stats");
+    assert!(stats[0].settled_objects >= 2, "{stats:?}");
+    drop(client);
+    node.stop();
+
+    // The settled objects: each a contiguous run of its stream, the runs back to back.
+    let store = open_store(&backend);
+    let runtime = tokio::runtime::Builder::new_current_thread().enable_all().build().expect("rt");
+    for (id, refs) in refs {
+        let mut objects: Vec<String> = refs.iter().map(|r| r.object.clone()).collect();
+        objects.dedup();
+        let mut next = 0u64;
+        for object in objects {
+            assert!(object.contains(&id.to_string()), "{object} is keyed by the stream ID");
+            let bytes = runtime.block_on(store.get(&object, s3::ByteRange::All)).expect("get");
+            let parsed = engine::settled::SettledObject::parse(&bytes).expect("a settled object");
+            assert_eq!(parsed.footer.first_seq_num, next, "{object} continues the last one");
+            assert_eq!(parsed.footer.stream_id, id);
+            next = parsed.footer.end_seq_num();
+        }
+        assert_eq!(next, 240, "the settled objects hold the whole stream");
+    }
+    drop(store);
+    let node = start(config);
+    let client = node.client();
+    for (bucket, bodies) in &written {
+        assert_reads_back(&client, bucket, &key("k"), bodies);
+    }
+    drop(client);
+    node.stop();
+}
+
+#[test]
+fn settling_moves_history_into_per_stream_objects_local() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    settling_moves_history_into_per_stream_objects(local(dir.path()));
+}
+
+#[test]
+fn settling_moves_history_into_per_stream_objects_s3() {
+    settling_moves_history_into_per_stream_objects(s3());
+}

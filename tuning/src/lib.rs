@@ -315,6 +315,42 @@ pub const SHARD_UPLOADS_IN_FLIGHT_MAX: Knob = Knob {
     reason: "standard acks wait one bundle delay plus a PUT (tens of ms); 16 groups in flight keep a shard's producers pipelined across that wait while bounding what a stalled store holds",
 };
 
+/// The size a settled object is cut at.
+pub const SETTLE_TARGET_BYTES: Knob = Knob {
+    flag: "settle-target-bytes",
+    env: "NOVA_SETTLE_TARGET_BYTES",
+    unit: Unit::Bytes,
+    default: 32 << 20,
+    min: 64 << 10,
+    max: 1 << 30,
+    help: "a stream's history in transit bundles is rewritten into a settled object of its own once this much has gathered (or once it is settle-age-ms old)",
+    reason: "32 MiB objects make a catch-up read a few large GETs and keep per-object request costs negligible, while one settle holds at most 32 MiB in memory per shard",
+};
+
+/// How long history may stay in transit bundles before it is settled below the target.
+pub const SETTLE_AGE_MS: Knob = Knob {
+    flag: "settle-age-ms",
+    env: "NOVA_SETTLE_AGE_MS",
+    unit: Unit::Milliseconds,
+    default: 300_000,
+    min: 0,
+    max: 86_400_000,
+    help: "history older than this in transit bundles is settled even when less than settle-target-bytes has gathered, so slow streams free their bundles too",
+    reason: "five minutes lets busy streams reach the target size first, and bounds how long a quiet stream keeps a bundle (shared with other streams) alive",
+};
+
+/// How often each shard looks for history to settle.
+pub const SETTLE_INTERVAL_MS: Knob = Knob {
+    flag: "settle-interval-ms",
+    env: "NOVA_SETTLE_INTERVAL_MS",
+    unit: Unit::Milliseconds,
+    default: 1_000,
+    min: 10,
+    max: 3_600_000,
+    help: "how often each shard's settling duty looks at its streams for transit history ready to settle",
+    reason: "a second is far below the settle age and target fill times, and the check is a walk over in-memory chunk lists",
+};
+
 /// Upload requests queued for the uploader before shards wait.
 pub const UPLOADER_QUEUE_DEPTH: Knob = Knob {
     flag: "uploader-queue-depth",
@@ -414,6 +450,9 @@ pub const KNOBS: &[Knob] = &[
     UPLOADS_IN_FLIGHT_MAX,
     OBJECT_READS_IN_FLIGHT_MAX,
     SHARD_UPLOADS_IN_FLIGHT_MAX,
+    SETTLE_TARGET_BYTES,
+    SETTLE_AGE_MS,
+    SETTLE_INTERVAL_MS,
     UPLOADER_QUEUE_DEPTH,
     UPLOAD_BACKOFF_INITIAL_MS,
     UPLOAD_BACKOFF_MAX_MS,
