@@ -11,6 +11,10 @@
 //! closed loop on its own thread (send one append, read its response, send the next),
 //! so latency is per append from the first byte sent to the last byte of the response.
 //! The server is `target/ci/nova`, found next to this binary; the bench never builds it.
+//!
+//! A second reference, for the binary cases: the same producers appending the same
+//! batches to a node in this process (no HTTP, no sockets), which tells the server's
+//! cost from the engine's.
 
 use std::io::{self, BufRead, BufReader, Read, Write};
 use std::net::{TcpListener, TcpStream};
@@ -304,6 +308,86 @@ fn run_case(authority: &str, bucket: &str, case: Case, durations: &Durations) ->
     }
 }
 
+/// The same case through a node in this process (no HTTP, no sockets): what the engine
+/// alone gives these producers, to tell the server's cost from the engine's.
+fn in_process(data_dir: &Path, case: Case, durations: &Durations) -> Outcome {
+    use engine::names::{BucketName, StreamKey};
+    use engine::node::{Node, NodeConfig};
+    use engine::options::{BucketConfigRequest, StorageClass, StreamOptionsRequest};
+    use engine::shard::AppendRequest;
+    use futures_lite::future::block_on;
+
+    let node = Node::start(NodeConfig::new(data_dir)).expect("in-process node");
+    let client = node.client();
+    let bucket = BucketName::parse("bench").expect("bucket");
+    let request = BucketConfigRequest {
+        create_stream_on_append: true,
+        defaults: StreamOptionsRequest { class: Some(StorageClass::Express), ..Default::default() },
+        ..Default::default()
+    };
+    block_on(client.control().create_bucket(&bucket, &request, None)).expect("bucket");
+    let (_, framed) = append_body(Format::Binary, case.records);
+    let gate = Arc::new(Barrier::new(CONNECTIONS + 1));
+    let threads: Vec<_> = (0..CONNECTIONS)
+        .map(|c| {
+            let (client, bucket, gate, framed) =
+                (client.clone(), bucket.clone(), Arc::clone(&gate), framed.clone());
+            let keys: Vec<StreamKey> = (0..case.streams)
+                .map(|s| StreamKey::parse(&format!("in-{}-{}-{s}", case.streams, case.records)))
+                .collect::<Result<_, _>>()
+                .expect("keys");
+            let (warmup, measure) = (durations.warmup, durations.measure);
+            thread::spawn(move || {
+                let request = AppendRequest { framed, offered: None };
+                let mut turn = c;
+                let mut append = || {
+                    let key = &keys[turn % keys.len()];
+                    turn += CONNECTIONS;
+                    block_on(client.append(&bucket, key, request.clone())).expect("append");
+                };
+                let warm_until = Instant::now() + warmup;
+                while Instant::now() < warm_until {
+                    append();
+                }
+                gate.wait();
+                let mut latency = Histogram::<u64>::new(3).expect("histogram");
+                let mut appends = 0u64;
+                let started = Instant::now();
+                while started.elapsed() < measure {
+                    let sent = Instant::now();
+                    append();
+                    latency.record(sent.elapsed().as_micros() as u64).expect("in range");
+                    appends += 1;
+                }
+                (appends, started.elapsed(), latency)
+            })
+        })
+        .collect();
+    gate.wait();
+    let mut latency = Histogram::<u64>::new(3).expect("histogram");
+    let (mut appends, mut elapsed) = (0u64, Duration::ZERO);
+    for thread in threads {
+        let (count, took, histogram) = thread.join().expect("producer");
+        appends += count;
+        elapsed = elapsed.max(took);
+        latency.add(&histogram).expect("same precision");
+    }
+    drop(client);
+    node.stop();
+    let seconds = elapsed.as_secs_f64();
+    Outcome {
+        appends_per_second: appends as f64 / seconds,
+        content_bytes_per_second: (appends * (case.records * RECORD_BYTES) as u64) as f64 / seconds,
+        request_bytes_per_second: (appends * framed_len(case.records) as u64) as f64 / seconds,
+        latency: Percentiles::of(&latency),
+        refused: 0,
+    }
+}
+
+fn framed_len(records: usize) -> usize {
+    append_body(Format::Binary, records).1.len()
+}
+
 /// Bytes per second one loopback TCP connection carries: the best of `passes`.
 fn loopback_reference(pass: Duration, passes: u32) -> f64 {
     let mut best = 0f64;
@@ -417,6 +501,15 @@ pub fn run(quick: bool) -> Result<(), String> {
     let outcomes: Vec<Outcome> =
         cases.iter().map(|&case| run_case(&server.authority, bucket, case, &durations)).collect();
     drop(server);
+    // The engine alone, for the binary cases: same producers, same streams, same disk.
+    let engine_alone: Vec<Option<Outcome>> = cases
+        .iter()
+        .enumerate()
+        .map(|(i, case)| {
+            (case.format == Format::Binary)
+                .then(|| in_process(&dir.join(format!("in-process-{i}")), *case, &durations))
+        })
+        .collect();
     let loopback_after = loopback_reference(durations.reference, durations.reference_passes);
     let loopback = loopback_before.max(loopback_after);
 
@@ -438,12 +531,22 @@ pub fn run(quick: bool) -> Result<(), String> {
     );
     println!(
         "| format | streams | records per batch | appends/s | MB/s content | MB/s of requests | \
-         ratio to loopback (content) | p50 µs | p99 µs | refused |"
+         ratio to loopback (content) | p50 µs | p99 µs | refused | engine alone MB/s | \
+         engine alone p50 µs | HTTP / engine alone |"
     );
-    println!("|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|");
-    for (case, outcome) in cases.iter().zip(&outcomes) {
+    println!("|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|");
+    for ((case, outcome), alone) in cases.iter().zip(&outcomes).zip(&engine_alone) {
+        let alone_text = match alone {
+            Some(alone) => format!(
+                "{:.1} | {} | {:.2}",
+                alone.content_bytes_per_second / 1e6,
+                alone.latency.p50,
+                outcome.content_bytes_per_second / alone.content_bytes_per_second
+            ),
+            None => "– | – | –".to_owned(),
+        };
         println!(
-            "| {} | {} | {} | {:.0} | {:.1} | {:.1} | {:.3} | {} | {} | {} |",
+            "| {} | {} | {} | {:.0} | {:.1} | {:.1} | {:.3} | {} | {} | {} | {alone_text} |",
             match case.format {
                 Format::Json => "JSON",
                 Format::Binary => "binary",
