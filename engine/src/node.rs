@@ -106,6 +106,9 @@ impl NodeConfig {
                 // The node sets it from `uploader` when it starts.
                 upload_job_bytes_max: tuning::BUNDLE_BYTES_TARGET.default,
                 settle: crate::shard::SettleConfig::default(),
+                retention_interval: std::time::Duration::from_millis(
+                    tuning::RETENTION_INTERVAL_MS.default,
+                ),
             },
             journal: JournalConfig::default(),
             meta: RedbMetaOptions::default(),
@@ -390,6 +393,7 @@ async fn run_shard(
     glommio::spawn_local(Rc::clone(&shard).feeder()).detach();
     glommio::spawn_local(Rc::clone(&shard).completer()).detach();
     glommio::spawn_local(Rc::clone(&shard).settler()).detach();
+    glommio::spawn_local(Rc::clone(&shard).retention()).detach();
     if let Err(error) = shard.recover_journal(entries.entries).await {
         let _ = ready.send(Err(error));
         return;

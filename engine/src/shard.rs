@@ -142,6 +142,8 @@ pub struct ShardConfig {
     pub upload_job_bytes_max: u64,
     /// The settling duty's target size, age and interval.
     pub settle: SettleConfig,
+    /// How often age retention is applied (`retention-interval-ms`).
+    pub retention_interval: Duration,
 }
 
 /// Journal chunks found without a ref at start, uploaded per job.
@@ -294,6 +296,9 @@ pub struct ShardStats {
     /// Settled objects written, and settles that failed (tried again later).
     pub settled_objects: u64,
     pub settle_failures: u64,
+    /// Passes of the retention duty, and trims it made.
+    pub retention_passes: u64,
+    pub retention_trims: u64,
 }
 
 pub(crate) struct Shard {
@@ -971,6 +976,54 @@ impl Shard {
             self.release(freed);
         }
         Ok(Reply::Trimmed { trim_seq_num: slot.leader.borrow().trim_seq_num() })
+    }
+
+    /// The age-retention duty (retention.md): every `retention-interval-ms`, each stream
+    /// with `retention_max_age_ms` has its watermark moved to the first record younger
+    /// than the age (stamped after now minus the age), through the same path as a Trim (durable first,
+    /// then the leader). Record time, not object boundaries, decides, so a quiet stream
+    /// trims on time like a busy one; a reconfigured age applies at the next pass.
+    /// Runs until the shard closes.
+    pub(crate) async fn retention(self: Rc<Self>) {
+        loop {
+            glommio::timer::sleep(self.config.retention_interval).await;
+            if self.closing.get() || self.failed.borrow().is_some() {
+                return;
+            }
+            let now = self.now_ms();
+            let slots: Vec<Rc<Slot>> = self.streams.borrow().values().cloned().collect();
+            for slot in slots {
+                let (age, deleted) = {
+                    let leader = slot.leader.borrow();
+                    (leader.options().retention_max_age_ms, leader.is_deleted())
+                };
+                // A record stamped at or before `expired` is `age` old or more.
+                let Some(expired) = now.checked_sub(age).filter(|_| age > 0 && !deleted) else {
+                    continue;
+                };
+                if self.oldest_timestamp(&slot) > expired {
+                    continue;
+                }
+                match self.trim(&slot, TrimTo::Timestamp(expired + 1)).await {
+                    Ok(_) => self.count(|s| s.retention_trims += 1),
+                    // A stream deleted meanwhile, or metadata briefly away: next pass.
+                    Err(_) => continue,
+                }
+            }
+            self.count(|s| s.retention_passes += 1);
+        }
+    }
+
+    /// The timestamp of the first record at or above the watermark (cached chunks only;
+    /// for one that is not in memory, 0: the trim path then loads what it needs).
+    fn oldest_timestamp(&self, slot: &Slot) -> u64 {
+        let leader = slot.leader.borrow();
+        let trim = leader.trim_seq_num();
+        let Some(chunk) = leader.durable_chunks().next() else { return u64::MAX };
+        let Some(cached) = &chunk.cached else { return 0 };
+        let records = cached.records();
+        let index = trim.saturating_sub(chunk.first_seq_num) as usize;
+        if index < records.len() { records.timestamp(index) } else { u64::MAX }
     }
 
     /// DeleteStream: fence the stream (every new append and read is refused), drain the

@@ -564,3 +564,63 @@ fn stopping_a_node_ends_waiting_reads_at_once() {
     assert_eq!((reply.record_count, reply.next_seq_num), (0, 1));
     assert!(started.elapsed() < Duration::from_secs(60), "stop waited {:?}", started.elapsed());
 }
+
+/// Age retention on record time, with a clock the test moves: a stream that goes quiet
+/// loses its records exactly when they age out, and a reconfigured age applies at once.
+#[test]
+fn age_retention_trims_a_quiet_stream_on_time_and_follows_reconfigure() {
+    use std::sync::Arc;
+    use std::sync::atomic::{AtomicU64, Ordering};
+
+    let dir = tempfile::tempdir().expect("tempdir");
+    let now = Arc::new(AtomicU64::new(1_800_000_000_000));
+    let clock = {
+        let now = Arc::clone(&now);
+        move || now.load(Ordering::SeqCst)
+    };
+    let mut cfg = config(dir.path(), 1);
+    cfg.shard.retention_interval = Duration::from_millis(10);
+    let node = engine::node::Node::start_with_clock(cfg, Arc::new(clock)).expect("start");
+    let client = node.client();
+    let bucket = make_bucket(&client, "ret", express(), true);
+    let key = key("k");
+    block_on(client.append(&bucket, &key, plain(&["a", "b"]))).expect("append");
+    now.fetch_add(1_000, Ordering::SeqCst);
+    block_on(client.append(&bucket, &key, plain(&["c"]))).expect("append");
+    let age = |ms: u64| StreamOptionsPatch { retention_max_age_ms: Some(ms), ..Default::default() };
+    block_on(client.reconfigure(&bucket, &key, age(2_000))).expect("reconfigure");
+    let passes = || block_on(client.stats()).expect("stats")[0].retention_passes;
+    let wait_passes = |n: u64| {
+        let target = passes() + n;
+        let deadline = Instant::now() + Duration::from_secs(60);
+        while passes() < target {
+            assert!(Instant::now() < deadline, "the retention duty stalled");
+            thread::sleep(Duration::from_millis(5));
+        }
+    };
+    let first = || {
+        let reply = block_on(client.read(&bucket, &key, read_request(ReadStart::SeqNum(0))));
+        records(&reply.expect("read").frames).first().map(|r| r.0)
+    };
+    // 1999 ms after the first batch: nothing has aged out.
+    now.fetch_add(999, Ordering::SeqCst);
+    wait_passes(2);
+    assert_eq!(first(), Some(0));
+    // 2000 ms: the first batch ages out, no append needed; the second stays.
+    now.fetch_add(1, Ordering::SeqCst);
+    wait_passes(2);
+    assert_eq!(first(), Some(2));
+    // Unbounded: nothing more goes, however old.
+    block_on(client.reconfigure(&bucket, &key, age(0))).expect("reconfigure");
+    now.fetch_add(60_000, Ordering::SeqCst);
+    wait_passes(2);
+    assert_eq!(first(), Some(2));
+    // Bounded again: applies at once; everything is past it.
+    block_on(client.reconfigure(&bucket, &key, age(2_000))).expect("reconfigure");
+    wait_passes(2);
+    assert_eq!(first(), None);
+    let tail = block_on(client.check_tail(&bucket, &key)).expect("tail");
+    assert_eq!(tail.seq_num, 3, "trimming never moves the tail");
+    drop(client);
+    node.stop();
+}

@@ -351,6 +351,18 @@ pub const SETTLE_INTERVAL_MS: Knob = Knob {
     reason: "a second is far below the settle age and target fill times, and the check is a walk over in-memory chunk lists",
 };
 
+/// How often each shard applies its streams' age retention.
+pub const RETENTION_INTERVAL_MS: Knob = Knob {
+    flag: "retention-interval-ms",
+    env: "NOVA_RETENTION_INTERVAL_MS",
+    unit: Unit::Milliseconds,
+    default: 1_000,
+    min: 10,
+    max: 3_600_000,
+    help: "how often each shard moves the trim watermark of streams with retention_max_age_ms past the records that have aged out",
+    reason: "retention is promised at seconds granularity (retention.md); a check per second is a walk over in-memory chunk lists, and a quiet stream trims on time like a busy one",
+};
+
 /// Upload requests queued for the uploader before shards wait.
 pub const UPLOADER_QUEUE_DEPTH: Knob = Knob {
     flag: "uploader-queue-depth",
@@ -453,6 +465,7 @@ pub const KNOBS: &[Knob] = &[
     SETTLE_TARGET_BYTES,
     SETTLE_AGE_MS,
     SETTLE_INTERVAL_MS,
+    RETENTION_INTERVAL_MS,
     UPLOADER_QUEUE_DEPTH,
     UPLOAD_BACKOFF_INITIAL_MS,
     UPLOAD_BACKOFF_MAX_MS,
