@@ -17,7 +17,7 @@ use engine::limits::{
 };
 use engine::names::{BucketName, StreamKey};
 use engine::node::{Client, ServiceStop};
-use engine::shard::{AppendRequest, ReadReply, ReadRequest, TrimTo};
+use engine::shard::{AppendRequest, PlanRequest, ReadReply, ReadRequest, TrimTo};
 use engine::stream::{PageLimits, ReadStart};
 use http_body_util::BodyExt as _;
 use hyper::body::Incoming;
@@ -35,10 +35,6 @@ use crate::wire::{self, Encoding};
 pub const RECORDS_MEDIA_TYPE: &str = "application/x-nova-records";
 /// The request id headers: `x-request-id` (decisions.md) and `nova-request-id`, the same value.
 pub const REQUEST_ID_HEADERS: [&str; 2] = ["x-request-id", "nova-request-id"];
-/// A long poll or subscription waits on its stream's leader in slices of at most this, so
-/// a stopping server answers within one slice and never holds a shard's stop for a whole
-/// `wait`.
-pub const WAIT_SLICE: Duration = Duration::from_secs(1);
 /// Bytes of a request id the server echoes; a longer or unprintable one is replaced.
 const REQUEST_ID_BYTES_MAX: usize = 128;
 
@@ -222,7 +218,13 @@ async fn route(shared: &Rc<Shared>, request: Request<Incoming>) -> (&'static str
                 }
                 (Some("records"), Method::GET) => {
                     if accepts(&request, "text/event-stream") {
-                        ("subscribe", crate::sse::subscribe(shared, bucket, key, &request).await)
+                        let answer =
+                            crate::subscribe::subscribe(shared, bucket, key, &request, false);
+                        ("subscribe", answer.await)
+                    } else if accepts_binary_subscription(&request) {
+                        let answer =
+                            crate::subscribe::subscribe(shared, bucket, key, &request, true);
+                        ("subscribe", answer.await)
                     } else {
                         ("read", read(shared, bucket, key, &request).await)
                     }
@@ -238,12 +240,10 @@ async fn route(shared: &Rc<Shared>, request: Request<Incoming>) -> (&'static str
                 (Some("fence"), _) => ("fence", not_allowed("POST")),
                 (Some("trim"), Method::POST) => ("trim", trim(shared, bucket, key, request).await),
                 (Some("trim"), _) => ("trim", not_allowed("POST")),
-                (Some("plan"), _) => (
-                    "read_plan",
-                    Err(ApiError::unimplemented(
-                        "ReadPlan is not served yet: the engine does not expose object placements until reads from object storage land (issue 5); read the records with GET .../records",
-                    )),
-                ),
+                (Some("plan"), Method::GET) => {
+                    ("read_plan", plan(shared, bucket, key, &request).await)
+                }
+                (Some("plan"), _) => ("read_plan", not_allowed("GET")),
                 _ => ("unknown", Err(ApiError::no_route(method.as_str(), &path))),
             }
         }
@@ -347,6 +347,22 @@ pub fn accepts(request: &Request<Incoming>, media: &str) -> bool {
         .filter_map(|v| v.to_str().ok())
         .flat_map(|v| v.split(','))
         .any(|v| v.split(';').next().unwrap_or("").trim().eq_ignore_ascii_case(media))
+}
+
+/// Whether `Accept` asks for a binary subscription:
+/// `application/x-nova-records; subscribe=true`.
+pub fn accepts_binary_subscription(request: &Request<Incoming>) -> bool {
+    request
+        .headers()
+        .get_all(header::ACCEPT)
+        .iter()
+        .filter_map(|v| v.to_str().ok())
+        .flat_map(|v| v.split(','))
+        .any(|v| {
+            let mut parts = v.split(';').map(str::trim);
+            parts.next().is_some_and(|media| media.eq_ignore_ascii_case(RECORDS_MEDIA_TYPE))
+                && parts.any(|p| p.eq_ignore_ascii_case("subscribe=true"))
+        })
 }
 
 /// The request body, refused past the limit before it is held whole: from
@@ -582,28 +598,15 @@ pub fn page_limits(
     }
 }
 
-/// One page, waiting up to `wait` for records when none are readable, in slices of
-/// [`WAIT_SLICE`] so that a stopping server answers promptly.
+/// One page, waiting up to `wait` for records when none are readable. A stopping node
+/// answers a waiting read at once, so a long poll never holds up a graceful stop.
 pub async fn read_page(
     shared: &Shared,
     bucket: &BucketName,
     key: &StreamKey,
     request: ReadRequest,
 ) -> engine::Result<ReadReply> {
-    let deadline = request.wait.map(|wait| Instant::now() + wait);
-    loop {
-        let left = deadline.map(|d| d.saturating_duration_since(Instant::now()));
-        let slice = left.map(|left| left.min(WAIT_SLICE)).filter(|s| !s.is_zero());
-        let reply = shared.client.read(bucket, key, ReadRequest { wait: slice, ..request }).await?;
-        let done = reply.record_count > 0
-            || reply.reached_until
-            || slice.is_none()
-            || left.is_none_or(|left| left <= WAIT_SLICE)
-            || shared.stopping.is_set();
-        if done {
-            return Ok(reply);
-        }
-    }
+    shared.client.read(bucket, key, request).await
 }
 
 async fn read(
@@ -636,6 +639,43 @@ async fn read(
         "records": records,
         "next_seq_num": reply.next_seq_num,
         "tail": position(reply.tail),
+    }))
+}
+
+/// ReadPlan: the read's start and bounds (no `wait`); never creates the stream.
+async fn plan(
+    shared: &Shared,
+    bucket: &BucketName,
+    key: &StreamKey,
+    request: &Request<Incoming>,
+) -> Answer {
+    let params = read_params(request)?;
+    if params.wait.is_some() {
+        return Err(ApiError::invalid("query parameter wait does not apply to a ReadPlan"));
+    }
+    let plan = PlanRequest {
+        start: params.start,
+        clamp: params.clamp,
+        limits: page_limits(params.count, params.bytes, params.until, true),
+    };
+    let plan = shared.client.plan(bucket, key, plan).await?;
+    let extents: Vec<Value> = plan
+        .extents
+        .iter()
+        .map(|e| {
+            json!({
+                "object": e.object,
+                "offset": e.offset,
+                "length": e.length,
+                "first_seq_num": e.first_seq_num,
+                "count": e.count,
+            })
+        })
+        .collect();
+    ok(&json!({
+        "extents": extents,
+        "memory_from_seq_num": plan.memory_from_seq_num,
+        "tail": position(plan.tail),
     }))
 }
 

@@ -16,5 +16,5 @@ mod io;
 pub mod metrics;
 pub mod serve;
 pub mod server;
-mod sse;
+mod subscribe;
 pub mod wire;

@@ -6,7 +6,8 @@ use std::net::{SocketAddr, ToSocketAddrs};
 use std::sync::Arc;
 use std::time::Duration;
 
-use engine::node::{Node, NodeConfig};
+use engine::node::{Node, NodeConfig, ObjectStoreConfig};
+use s3::{S3Config, S3Credentials};
 use signal_hook::consts::{SIGINT, SIGTERM};
 use signal_hook::iterator::Signals;
 use tuning::Knob;
@@ -29,13 +30,82 @@ pub const SERVE_KNOBS: [Knob; 11] = [
     tuning::SSE_HEARTBEAT_MS,
 ];
 
+/// The object-store flags: with `--s3-bucket`, objects go to S3 instead of
+/// `<data-dir>/objects`. Unset values fall back to the usual AWS variables.
+pub const S3_FLAGS: [(&str, &str); 7] = [
+    ("s3-bucket", "store objects in this S3 bucket instead of <data-dir>/objects"),
+    ("s3-prefix", "prefix of every object key in the bucket (default: none)"),
+    (
+        "s3-endpoint",
+        "http:// or https:// URL of an S3-compatible server (default: AWS_ENDPOINT_URL_S3, AWS_ENDPOINT_URL, else AWS)",
+    ),
+    ("s3-region", "the bucket's region (default: AWS_REGION, else AWS_DEFAULT_REGION)"),
+    (
+        "s3-path-style",
+        "true: path-style URLs (endpoint/bucket/key), which most S3-compatible servers need (default false)",
+    ),
+    ("s3-access-key-id", "access key (default: AWS_ACCESS_KEY_ID)"),
+    (
+        "s3-secret-access-key",
+        "secret key, with --s3-access-key-id (default: AWS_SECRET_ACCESS_KEY; AWS_SESSION_TOKEN is read too)",
+    ),
+];
+
+/// The S3 object store the flags ask for; None (the node's default, `<data-dir>/objects`)
+/// without `--s3-bucket`.
+fn object_store(flags: &[(String, String)]) -> Result<Option<ObjectStoreConfig>, String> {
+    let Some(bucket) = flag_value(flags, "s3-bucket") else {
+        if let Some((name, _)) = flags.iter().find(|(name, _)| name.starts_with("s3-")) {
+            return Err(format!(
+                "--{name} needs --s3-bucket (objects go to S3 only with a bucket)"
+            ));
+        }
+        return Ok(None);
+    };
+    if bucket.is_empty() {
+        return Err("--s3-bucket must name a bucket, not be empty".into());
+    }
+    let mut config = S3Config::new(bucket);
+    config.prefix = flag_value(flags, "s3-prefix").unwrap_or_default().to_owned();
+    config.endpoint = flag_value(flags, "s3-endpoint").map(str::to_owned);
+    config.region = flag_value(flags, "s3-region").map(str::to_owned);
+    config.path_style = match flag_value(flags, "s3-path-style") {
+        None | Some("false") => false,
+        Some("true") => true,
+        Some(other) => return Err(format!("--s3-path-style must be true or false, not {other:?}")),
+    };
+    config.credentials =
+        match (flag_value(flags, "s3-access-key-id"), flag_value(flags, "s3-secret-access-key")) {
+            (Some(id), Some(secret)) => Some(S3Credentials {
+                access_key_id: id.to_owned(),
+                secret_access_key: secret.to_owned(),
+                session_token: std::env::var("AWS_SESSION_TOKEN").ok().filter(|t| !t.is_empty()),
+            }),
+            (None, None) => None,
+            (Some(_), None) => {
+                return Err("--s3-access-key-id needs --s3-secret-access-key too".into());
+            }
+            (None, Some(_)) => {
+                return Err("--s3-secret-access-key needs --s3-access-key-id too".into());
+            }
+        };
+    Ok(Some(ObjectStoreConfig::S3(Box::new(config))))
+}
+
 /// `nova serve`'s help.
 pub fn help() -> String {
     let mut text = String::from(
         "nova serve: run a nova node and its HTTP API\n\n\
-         usage: nova serve [--listen ADDR] [--data-dir DIR] [--KNOB VALUE ...]\n\n\
-         example: nova serve --listen 127.0.0.1:8080 --data-dir ./nova-data\n\n\
-         Every setting comes from its flag, else its environment variable, else the default:\n\n",
+         usage: nova serve [--listen ADDR] [--data-dir DIR] [--s3-bucket NAME ...] [--KNOB VALUE ...]\n\n\
+         example: nova serve --listen 127.0.0.1:8080 --data-dir ./nova-data\n\
+         example: nova serve --s3-bucket nova --s3-endpoint http://127.0.0.1:9000 --s3-path-style\n\n\
+         Objects go to <data-dir>/objects unless --s3-bucket names an S3 bucket:\n\n",
+    );
+    for (flag, help) in S3_FLAGS {
+        text.push_str(&format!("  --{flag}: {help}\n"));
+    }
+    text.push_str(
+        "\nEvery other setting comes from its flag, else its environment variable, else the default:\n\n",
     );
     for knob in tuning::TEXT_KNOBS {
         text.push_str(&format!(
@@ -74,13 +144,20 @@ pub fn run(args: &[String]) -> Result<(), String> {
         };
         let (name, value) = match name.split_once('=') {
             Some((name, value)) => (name.to_owned(), value.to_owned()),
+            // The one switch: `--s3-path-style` alone means true.
+            None if name == "s3-path-style"
+                && rest.clone().next().is_none_or(|next| next.starts_with("--")) =>
+            {
+                (name.to_owned(), "true".to_owned())
+            }
             None => {
                 let value = rest.next().ok_or_else(|| format!("--{name} needs a value"))?;
                 (name.to_owned(), value.clone())
             }
         };
         let known = tuning::TEXT_KNOBS.iter().any(|k| k.flag == name)
-            || SERVE_KNOBS.iter().any(|k| k.flag == name);
+            || SERVE_KNOBS.iter().any(|k| k.flag == name)
+            || S3_FLAGS.iter().any(|(flag, _)| *flag == name);
         if !known {
             return Err(format!("unknown flag --{name}\n\n{}", help()));
         }
@@ -103,6 +180,9 @@ pub fn run(args: &[String]) -> Result<(), String> {
     }
 
     let mut config = NodeConfig::new(&data_dir);
+    if let Some(objects) = object_store(&flags)? {
+        config.objects = objects;
+    }
     let shards = knob(&flags, tuning::SHARDS)?;
     if shards > 0 {
         config.shards = to_usize(shards);

@@ -1,23 +1,29 @@
-//! Subscriptions over Server-Sent Events (streams.md "Subscriptions", decisions.md):
-//! history from the start position, then every new record as it becomes durable, in
-//! order, with no gap and no duplicate (each page starts at the last page's
-//! `next_seq_num`).
+//! Subscriptions (streams.md "Subscriptions", decisions.md), over Server-Sent Events
+//! (`Accept: text/event-stream`) or the binary framing (`Accept:
+//! application/x-nova-records; subscribe=true`): history from the start position, then
+//! every new record as it becomes durable, in order, with no gap and no duplicate (each
+//! page starts at the last page's `next_seq_num`).
 //!
-//! Events: `batch` (`id:` the last seq_num in it), `ping` with the tail when idle for the
-//! heartbeat interval, `end` when a bound (`count`, `bytes`, `until`) is reached, `error`
-//! (a deleted stream ends with not_found). `Last-Event-ID` resumes right after the
-//! sequence number it names and wins over `seq_num`. A start past the tail is an
-//! ordinary 416 before any event.
+//! SSE events: `batch` (`id:` the last seq_num in it), `ping` with the tail when idle for
+//! the heartbeat interval, `end` when a bound (`count`, `bytes`, `until`) is reached,
+//! `error` (a deleted stream ends with not_found). Binary frames (framing.rs): records
+//! frames as the chunk holds them, heartbeat frames with the tail, an end frame, an error
+//! frame. `Last-Event-ID` resumes right after the sequence number it names and wins over
+//! `seq_num`. A start past the tail is an ordinary 416 before any event. Pages after the
+//! first never create the stream, so deleting it ends the subscription.
 //!
 //! Memory per subscriber is bounded: events go through a channel of
-//! [`EVENTS_QUEUED_MAX`] events of at most one JSON page each; a subscriber that does not
-//! read leaves the task waiting on the channel, not buffering.
+//! [`EVENTS_QUEUED_MAX`] events of at most one page each (1 MiB of content for SSE,
+//! [`BINARY_PAGE_BYTES_MAX`] for the binary framing); a subscriber that does not read
+//! leaves the task waiting on the channel, not buffering.
 
 use std::rc::Rc;
 use std::time::Instant;
 
 use bytes::Bytes;
+use engine::framing;
 use engine::names::{BucketName, StreamKey};
+use engine::position::Tail;
 use engine::shard::{ReadReply, ReadRequest};
 use engine::stream::ReadStart;
 use hyper::body::Incoming;
@@ -32,6 +38,16 @@ use crate::wire::{self, Encoding};
 
 /// Events queued for one subscriber before its task waits.
 pub const EVENTS_QUEUED_MAX: usize = 4;
+/// Content bytes of one binary subscription page: with [`EVENTS_QUEUED_MAX`] pages
+/// queued, a subscriber holds at most 16 MiB.
+pub const BINARY_PAGE_BYTES_MAX: u64 = 4 << 20;
+
+/// How a subscription's events are written.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Wire {
+    Sse(Encoding),
+    Binary,
+}
 
 /// What is left of a subscription's bounds.
 #[derive(Clone, Copy, Debug)]
@@ -53,16 +69,17 @@ impl Left {
 
     fn request(
         &self,
+        wire: Wire,
         start: ReadStart,
         clamp: bool,
         wait: Option<std::time::Duration>,
     ) -> ReadRequest {
-        ReadRequest {
-            start,
-            clamp,
-            limits: api::page_limits(self.count, self.bytes, self.until, false),
-            wait,
+        let binary = wire == Wire::Binary;
+        let mut limits = api::page_limits(self.count, self.bytes, self.until, binary);
+        if binary {
+            limits.bytes = limits.bytes.min(BINARY_PAGE_BYTES_MAX);
         }
+        ReadRequest { start, clamp, limits, wait }
     }
 }
 
@@ -71,8 +88,9 @@ pub async fn subscribe(
     bucket: &BucketName,
     key: &StreamKey,
     request: &Request<Incoming>,
+    binary: bool,
 ) -> Result<Response<Body>, ApiError> {
-    let encoding = api::encoding(request)?;
+    let wire = if binary { Wire::Binary } else { Wire::Sse(api::encoding(request)?) };
     let params = api::read_params(request)?;
     let resume = match request.headers().get("last-event-id") {
         None => None,
@@ -91,20 +109,22 @@ pub async fn subscribe(
     let left = Left { count: params.count, bytes: params.bytes, until: params.until };
     // The first page is read before the response starts, so a start past the tail is an
     // ordinary HTTP error.
-    let first = shared.client.read(bucket, key, left.request(start, params.clamp, None)).await?;
+    let first =
+        shared.client.read(bucket, key, left.request(wire, start, params.clamp, None)).await?;
     let (events, receiver) = flume::bounded(EVENTS_QUEUED_MAX);
     let subscription = Subscription {
         shared: Rc::clone(shared),
         bucket: bucket.clone(),
         key: key.clone(),
-        encoding,
+        wire,
         left,
         events,
     };
     glommio::spawn_local(subscription.run(first)).detach();
     let mut response = Response::new(Body::Stream(receiver.into_stream()));
     let headers = response.headers_mut();
-    headers.insert(header::CONTENT_TYPE, HeaderValue::from_static("text/event-stream"));
+    let media = if binary { api::RECORDS_MEDIA_TYPE } else { "text/event-stream" };
+    headers.insert(header::CONTENT_TYPE, HeaderValue::from_static(media));
     headers.insert(header::CACHE_CONTROL, HeaderValue::from_static("no-cache"));
     Ok(response)
 }
@@ -113,7 +133,7 @@ struct Subscription {
     shared: Rc<Shared>,
     bucket: BucketName,
     key: StreamKey,
-    encoding: Encoding,
+    wire: Wire,
     left: Left,
     events: flume::Sender<Bytes>,
 }
@@ -129,38 +149,81 @@ impl Subscription {
         self.events.send_async(bytes).await.is_ok()
     }
 
+    fn error(&self, error: &ApiError) -> Bytes {
+        match self.wire {
+            Wire::Sse(_) => event("error", None, &error.to_json()),
+            Wire::Binary => {
+                let mut out = Vec::new();
+                framing::encode_error(&error.to_json().to_string(), &mut out);
+                Bytes::from(out)
+            }
+        }
+    }
+
+    /// The page's records as one event (SSE) or as the records frames the page holds.
+    fn records(&self, page: ReadReply) -> Result<Bytes, ApiError> {
+        match self.wire {
+            Wire::Sse(encoding) => {
+                let records = wire::records_json(&page.frames, encoding)?;
+                let last = page.next_seq_num.saturating_sub(1);
+                let data = json!({"records": records, "tail": position(page.tail)});
+                Ok(event("batch", Some(last), &data))
+            }
+            Wire::Binary => Ok(Bytes::from(page.frames)),
+        }
+    }
+
+    fn heartbeat(&self, tail: Tail) -> Bytes {
+        match self.wire {
+            Wire::Sse(_) => event("ping", None, &json!({"tail": position(tail)})),
+            Wire::Binary => {
+                let mut out = Vec::with_capacity(21);
+                framing::encode_heartbeat(tail, &mut out);
+                Bytes::from(out)
+            }
+        }
+    }
+
+    fn end(&self, next_seq_num: u64, tail: Tail) -> Bytes {
+        match self.wire {
+            Wire::Sse(_) => {
+                event("end", None, &json!({"next_seq_num": next_seq_num, "tail": position(tail)}))
+            }
+            Wire::Binary => {
+                let mut out = Vec::with_capacity(5);
+                framing::encode_end(&mut out);
+                Bytes::from(out)
+            }
+        }
+    }
+
     async fn run(mut self, first: ReadReply) {
         let heartbeat = self.shared.settings.heartbeat;
         let mut page = first;
         let mut last_event = Instant::now();
         loop {
+            let (next_seq_num, tail, reached_until) =
+                (page.next_seq_num, page.tail, page.reached_until);
             if page.record_count > 0 {
-                let records = match wire::records_json(&page.frames, self.encoding) {
+                self.left.take(&page);
+                let records = match self.records(page) {
                     Ok(records) => records,
                     Err(error) => {
-                        self.send(event("error", None, &error.to_json())).await;
+                        self.send(self.error(&error)).await;
                         return;
                     }
                 };
-                let last = page.next_seq_num.saturating_sub(1);
-                let data = json!({"records": records, "tail": position(page.tail)});
-                if !self.send(event("batch", Some(last), &data)).await {
+                if !self.send(records).await {
                     return;
                 }
                 last_event = Instant::now();
-                self.left.take(&page);
             }
-            if page.reached_until || self.left.exhausted() {
-                self.send(event(
-                    "end",
-                    None,
-                    &json!({"next_seq_num": page.next_seq_num, "tail": position(page.tail)}),
-                ))
-                .await;
+            if reached_until || self.left.exhausted() {
+                self.send(self.end(next_seq_num, tail)).await;
                 return;
             }
             if last_event.elapsed() >= heartbeat {
-                if !self.send(event("ping", None, &json!({"tail": position(page.tail)}))).await {
+                if !self.send(self.heartbeat(tail)).await {
                     return;
                 }
                 last_event = Instant::now();
@@ -168,13 +231,15 @@ impl Subscription {
             if self.shared.stopping.is_set() || self.events.is_disconnected() {
                 return;
             }
-            let wait = heartbeat.saturating_sub(last_event.elapsed()).min(api::WAIT_SLICE);
+            // A stopping node answers a waiting read at once, so this wait never holds
+            // up a graceful stop.
+            let wait = heartbeat.saturating_sub(last_event.elapsed());
             let wait = Some(wait).filter(|w| !w.is_zero());
-            let next = self.left.request(ReadStart::SeqNum(page.next_seq_num), false, wait);
-            page = match self.shared.client.read(&self.bucket, &self.key, next).await {
+            let next = self.left.request(self.wire, ReadStart::SeqNum(next_seq_num), false, wait);
+            page = match self.shared.client.read_existing(&self.bucket, &self.key, next).await {
                 Ok(page) => page,
                 Err(error) => {
-                    self.send(event("error", None, &ApiError::from_engine(&error).to_json())).await;
+                    self.send(self.error(&ApiError::from_engine(&error))).await;
                     return;
                 }
             };

@@ -5,7 +5,7 @@ mod common;
 use std::io::Write as _;
 use std::process::{Command, Output, Stdio};
 
-use common::Nova;
+use common::{Nova, Store};
 use serde_json::Value;
 
 fn nova_cli(server: &Nova, args: &[&str], stdin: Option<&str>) -> Output {
@@ -31,8 +31,17 @@ fn ok(server: &Nova, args: &[&str], stdin: Option<&str>) -> String {
 
 #[test]
 fn client_verbs_round_trip_through_the_server() {
+    client_verbs(Store::Local);
+}
+
+#[test]
+fn s3_client_verbs_round_trip_through_the_server() {
+    client_verbs(Store::s3());
+}
+
+fn client_verbs(store: Store) {
     let dir = tempfile::tempdir().expect("tempdir");
-    let server = Nova::start(dir.path());
+    let server = Nova::start_in(store, &dir.path().join("data"), &[], &[]);
     ok(
         &server,
         &["bucket", "create", "apps", "--create-on-append", "--default-class", "express"],
@@ -129,5 +138,28 @@ fn every_verb_has_help_with_an_example() {
         let text = String::from_utf8_lossy(&out.stdout);
         assert!(out.status.success(), "{verb:?}");
         assert!(text.contains("example"), "nova {verb:?} --help: {text}");
+    }
+}
+
+#[test]
+fn serve_refuses_s3_flags_it_cannot_use() {
+    for (flags, named) in [
+        (&["--s3-region", "eu-west-1"][..], "--s3-region needs --s3-bucket"),
+        (&["--s3-bucket", "b", "--s3-access-key-id", "k"][..], "--s3-secret-access-key"),
+        (
+            &["--s3-bucket", "b", "--s3-path-style", "maybe"][..],
+            "--s3-path-style must be true or false",
+        ),
+        (&["--s3-bucket", ""][..], "--s3-bucket must name a bucket"),
+    ] {
+        let out = Command::new(env!("CARGO_BIN_EXE_nova"))
+            .args(["serve", "--listen", "127.0.0.1:0", "--data-dir"])
+            .arg(tempfile::tempdir().expect("tempdir").path().join("data"))
+            .args(flags)
+            .output()
+            .expect("run nova serve");
+        let stderr = String::from_utf8_lossy(&out.stderr);
+        assert_eq!(out.status.code(), Some(1), "{flags:?}: {stderr}");
+        assert!(stderr.contains(named), "{flags:?}: {stderr}");
     }
 }

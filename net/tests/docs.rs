@@ -3,7 +3,7 @@
 
 mod common;
 
-use common::{Nova, have_curl, shell};
+use common::{Nova, Store, have_curl, shell};
 use serde_json::Value;
 
 /// Whether `actual` has the shape and values of `expected`, where the string `"..."`
@@ -41,6 +41,15 @@ fn blocks(page: &str) -> Vec<(String, String)> {
 
 #[test]
 fn the_curl_examples_of_docs_api_md_work() {
+    curl_examples(Store::Local);
+}
+
+#[test]
+fn s3_the_curl_examples_of_docs_api_md_work() {
+    curl_examples(Store::s3());
+}
+
+fn curl_examples(store: Store) {
     if !have_curl() {
         eprintln!("curl is not installed: docs/api.md's examples are not run");
         return;
@@ -48,7 +57,7 @@ fn the_curl_examples_of_docs_api_md_work() {
     let page = std::fs::read_to_string(concat!(env!("CARGO_MANIFEST_DIR"), "/../docs/api.md"))
         .expect("docs/api.md");
     let dir = tempfile::tempdir().expect("tempdir");
-    let nova = Nova::start(dir.path());
+    let nova = Nova::start_in(store, &dir.path().join("data"), &[], &[]);
     let blocks = blocks(&page);
     let mut ran = 0;
     for (i, (lang, text)) in blocks.iter().enumerate() {

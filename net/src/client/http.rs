@@ -247,3 +247,70 @@ pub fn encode_segment(segment: &str) -> String {
 
 const SEGMENT: &percent_encoding::AsciiSet =
     &percent_encoding::NON_ALPHANUMERIC.remove(b'-').remove(b'_').remove(b'.').remove(b'~');
+
+/// Writes a request head; `content_length` None sends no body header.
+pub fn encode_head(
+    out: &mut Vec<u8>,
+    method: &str,
+    path: &str,
+    authority: &str,
+    headers: &[(&str, &str)],
+    content_length: Option<usize>,
+) {
+    use std::fmt::Write as _;
+    let mut head = String::with_capacity(128 + path.len());
+    let _ = write!(head, "{method} {path} HTTP/1.1\r\nhost: {authority}\r\n");
+    for (name, value) in headers {
+        let _ = write!(head, "{name}: {value}\r\n");
+    }
+    if let Some(len) = content_length {
+        let _ = write!(head, "content-length: {len}\r\n");
+    }
+    head.push_str("\r\n");
+    out.extend_from_slice(head.as_bytes());
+}
+
+/// Reads one whole response from a keep-alive connection. The second value says whether
+/// the connection can carry another request (its body was delimited and the server did
+/// not say `connection: close`).
+pub fn read_response<R: BufRead>(reader: &mut R, method: &str) -> io::Result<(Response, bool)> {
+    let mut line = String::new();
+    if reader.read_line(&mut line)? == 0 {
+        return Err(io::Error::new(
+            io::ErrorKind::UnexpectedEof,
+            "the server closed the connection",
+        ));
+    }
+    let status =
+        line.split_whitespace().nth(1).and_then(|s| s.parse::<u16>().ok()).ok_or_else(|| {
+            io::Error::new(io::ErrorKind::InvalidData, format!("bad status line {line:?}"))
+        })?;
+    let mut headers = Vec::new();
+    loop {
+        line.clear();
+        if reader.read_line(&mut line)? == 0 {
+            return Err(io::Error::new(io::ErrorKind::UnexpectedEof, "response head cut short"));
+        }
+        let trimmed = line.trim_end();
+        if trimmed.is_empty() {
+            break;
+        }
+        if let Some((name, value)) = trimmed.split_once(':') {
+            headers.push((name.trim().to_ascii_lowercase(), value.trim().to_owned()));
+        }
+    }
+    let find = |name: &str| headers.iter().find(|(n, _)| n == name).map(|(_, v)| v.as_str());
+    let mut reusable = !find("connection").is_some_and(|v| v.eq_ignore_ascii_case("close"));
+    let mut body = Vec::new();
+    if method == "HEAD" || status == 204 || status == 304 {
+    } else if find("transfer-encoding").is_some_and(|v| v.eq_ignore_ascii_case("chunked")) {
+        Chunked { inner: &mut *reader, left: 0, done: false }.read_to_end(&mut body)?;
+    } else if let Some(len) = find("content-length").and_then(|v| v.parse::<usize>().ok()) {
+        body.resize(len, 0);
+        reader.read_exact(&mut body)?;
+    } else {
+        reader.read_to_end(&mut body)?;
+        reusable = false;
+    }
+    Ok((Response { status, headers, body }, reusable))
+}

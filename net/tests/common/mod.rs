@@ -1,16 +1,97 @@
 //! A real `nova serve` child process on a temporary data directory and a free port, for
-//! tests over real sockets. The child is killed when the guard drops.
+//! tests over real sockets, on either object store: the local directory or a real
+//! S3-protocol server (moto). The child is killed when the guard drops.
 #![allow(dead_code)]
 
 use std::io::{BufRead, BufReader};
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command, ExitStatus, Stdio};
+use std::sync::Arc;
+
+use s3::testing::Moto;
 
 use net::client::{self, Response, Server};
 use serde_json::Value;
 
+/// Runs each case (`fn case(nova: &Nova)`) twice: as its own test `local::case` on a
+/// server of its own with the local object directory, and within one test `s3_suite`
+/// that runs every case in order on one server over moto (starting moto is the slow part).
+/// Cases use their own bucket names so they can share a server.
+#[allow(unused_macros)]
+macro_rules! suite {
+    ($($case:ident),* $(,)?) => {
+        mod local {
+            $(
+                #[test]
+                fn $case() {
+                    let dir = tempfile::tempdir().expect("a temporary directory");
+                    let nova = super::Nova::shared(super::Store::Local, dir.path());
+                    super::$case(&nova);
+                }
+            )*
+        }
+
+        #[test]
+        fn s3_suite() {
+            let dir = tempfile::tempdir().expect("a temporary directory");
+            let nova = Nova::shared(Store::s3(), dir.path());
+            $(
+                eprintln!("s3_suite: case {}", stringify!($case));
+                $case(&nova);
+            )*
+        }
+    };
+}
+
+/// Where a test server keeps its objects.
+#[derive(Clone)]
+pub enum Store {
+    /// `<data-dir>/objects` (the default).
+    Local,
+    /// A bucket `nova` on a moto server (from `NOVA_MOTO_SERVER`; the test fails without
+    /// it). Restarts of a test server share it, like a real bucket.
+    S3(Arc<Moto>),
+}
+
+impl Store {
+    /// A fresh moto server with the bucket `nova`.
+    pub fn s3() -> Store {
+        let moto = Moto::start();
+        moto.create_bucket("nova");
+        Store::S3(Arc::new(moto))
+    }
+
+    fn flags(&self) -> Vec<String> {
+        match self {
+            Store::Local => Vec::new(),
+            Store::S3(moto) => [
+                "--s3-bucket",
+                "nova",
+                "--s3-endpoint",
+                &moto.endpoint(),
+                "--s3-region",
+                "us-east-1",
+                "--s3-path-style",
+                "--s3-access-key-id",
+                "test",
+                "--s3-secret-access-key",
+                "test",
+            ]
+            .map(str::to_owned)
+            .into(),
+        }
+    }
+}
+
+/// The flags and environment every shared test server runs with: small bodies (the body
+/// limit test) and quick heartbeats (the subscription tests).
+pub const SHARED_FLAGS: [&str; 2] = ["--http-body-bytes-max", "1MiB"];
+pub const SHARED_ENV: [(&str, &str); 1] = [("NOVA_SSE_HEARTBEAT_MS", "200")];
+
 pub struct Nova {
     child: Option<Child>,
+    /// Held so the object store outlives the server.
+    pub store: Store,
     pub server: Server,
     /// `http://HOST:PORT`.
     pub url: String,
@@ -23,12 +104,22 @@ impl Nova {
         Nova::start_with(&dir.join("data"), &[], &[])
     }
 
+    /// The server a whole test file shares on one store.
+    pub fn shared(store: Store, dir: &Path) -> Nova {
+        Nova::start_in(store, &dir.join("data"), &SHARED_FLAGS, &SHARED_ENV)
+    }
+
     pub fn start_with(data_dir: &Path, flags: &[&str], env: &[(&str, &str)]) -> Nova {
+        Nova::start_in(Store::Local, data_dir, flags, env)
+    }
+
+    pub fn start_in(store: Store, data_dir: &Path, flags: &[&str], env: &[(&str, &str)]) -> Nova {
         let mut child = Command::new(env!("CARGO_BIN_EXE_nova"))
             .args(["serve", "--listen", "127.0.0.1:0", "--data-dir"])
             .arg(data_dir)
             // Small journal segments: tests start many servers.
             .args(["--shards", "2", "--journal-segment-bytes", "8MiB"])
+            .args(store.flags())
             .args(flags)
             .envs(env.iter().copied())
             .stdout(Stdio::piped())
@@ -51,7 +142,7 @@ impl Nova {
             }
         };
         let server = Server::parse(&url).expect("a server URL");
-        Nova { child: Some(child), server, url, data_dir: data_dir.to_owned() }
+        Nova { child: Some(child), store, server, url, data_dir: data_dir.to_owned() }
     }
 
     pub fn call(&self, method: &str, path: &str, body: Option<&str>) -> Response {

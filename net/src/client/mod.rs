@@ -1,0 +1,1197 @@
+//! The Rust client of nova's HTTP API (http-api.md), used by the `nova` CLI, the load
+//! generator and the HTTP benchmark. Blocking, on std threads: share one [`Client`]
+//! between threads (its keep-alive connections are pooled), and give each producer thread
+//! its own [`AppendSession`].
+//!
+//! - Every verb: buckets, streams, append, read, check tail, fence, trim, and
+//!   [`Client::ensure_bucket`].
+//! - Appends and reads speak the binary framing (`application/x-nova-records`) by
+//!   default, JSON with [`Format::Json`].
+//! - [`AppendSession`]: batches pipelined on one keep-alive connection (a writer and a
+//!   reader thread, at most `in_flight_max` unacknowledged), acknowledgements in order.
+//! - [`Subscription`]: an iterator over a subscription, binary framing by default, SSE on
+//!   request.
+//! - Retries only what is safe: reads, metadata reads, and appends that carry
+//!   `match_seq_num` (which land once or are refused). Anything else that fails on the way
+//!   is returned, never resent: a plain append may have landed.
+//!
+//! Never here: sequencing, stamping or checking records beyond their encoding; the server
+//! is the authority for every limit.
+
+pub mod http;
+mod session;
+mod subscription;
+
+use std::fmt;
+use std::io::{self, BufReader, Write as _};
+use std::net::TcpStream;
+use std::sync::Mutex;
+use std::time::Duration;
+
+use base64::Engine as _;
+use base64::engine::general_purpose::STANDARD as BASE64;
+use engine::framing::{self, Frame};
+use engine::limits::FENCING_TOKEN_BYTES_MAX;
+use engine::options::{OptionScope, ProducerPolicy, StorageClass, TimestampingMode};
+use serde_json::{Map, Value, json};
+
+pub use http::{
+    Event, Response, Server, Streaming, encode_segment, next_event, open, read_response, request,
+};
+pub use session::{AppendSession, SessionAck};
+pub use subscription::{SUBSCRIBE_MEDIA_TYPE, Subscription, SubscriptionEvent};
+
+/// The binary framing's media type.
+pub const RECORDS_MEDIA_TYPE: &str = "application/x-nova-records";
+/// Idle keep-alive connections a [`Client`] keeps.
+const POOL_MAX: usize = 16;
+
+/// How appends and reads travel.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub enum Format {
+    /// `application/x-nova-records` (the default: no re-encoding on either side).
+    #[default]
+    Binary,
+    /// JSON, bodies as UTF-8 text when they are, else base64 (`Nova-Encoding: base64`).
+    Json,
+}
+
+/// Why a call failed.
+#[derive(Debug)]
+pub enum Error {
+    /// The server answered with an error (http-api.md "Errors").
+    Api(ApiError),
+    /// The server could not be reached, or the connection failed during the call: an
+    /// append may or may not have landed.
+    Io { what: String, error: io::Error },
+    /// The server's answer was not what the API says.
+    Protocol(String),
+    /// The caller's input, refused before anything was sent.
+    Invalid(String),
+}
+
+/// An error answer: its status, code, message and whole JSON body (with the details:
+/// `next_seq_num`, `fencing_token`, `tail`).
+#[derive(Clone, Debug)]
+pub struct ApiError {
+    pub status: u16,
+    pub code: String,
+    pub message: String,
+    pub body: Value,
+    /// From `Retry-After`, on resource_exhausted.
+    pub retry_after_seconds: Option<u64>,
+}
+
+impl Error {
+    /// The API error code (`not_found`, `failed_precondition`, ...), if the server answered.
+    pub fn code(&self) -> Option<&str> {
+        match self {
+            Error::Api(api) => Some(&api.code),
+            _ => None,
+        }
+    }
+
+    /// The stream's next sequence number, on a refused `match_seq_num`.
+    pub fn next_seq_num(&self) -> Option<u64> {
+        match self {
+            Error::Api(api) => api.body["next_seq_num"].as_u64(),
+            _ => None,
+        }
+    }
+
+    /// Whether resending the same request could succeed and is harmless for a call that
+    /// is safe to repeat: the connection failed, or the server was unavailable.
+    fn transient(&self) -> bool {
+        match self {
+            Error::Io { .. } => true,
+            Error::Api(api) => api.status == 503,
+            _ => false,
+        }
+    }
+
+    fn from_response(response: &Response) -> Error {
+        let body = response.json();
+        match (body["code"].as_str(), body["message"].as_str()) {
+            (Some(code), Some(message)) => Error::Api(ApiError {
+                status: response.status,
+                code: code.to_owned(),
+                message: message.to_owned(),
+                retry_after_seconds: response.header("retry-after").and_then(|v| v.parse().ok()),
+                body,
+            }),
+            _ => Error::Protocol(format!(
+                "HTTP {} without an error body: {}",
+                response.status,
+                response.text()
+            )),
+        }
+    }
+}
+
+impl fmt::Display for Error {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            Error::Api(api) => write!(f, "{}: {}", api.code, api.message),
+            Error::Io { what, error } => write!(f, "{what}: {error}"),
+            Error::Protocol(why) => write!(f, "unexpected answer from the server: {why}"),
+            Error::Invalid(why) => f.write_str(why),
+        }
+    }
+}
+
+impl std::error::Error for Error {}
+
+pub type Result<T> = std::result::Result<T, Error>;
+
+fn protocol(what: &str, value: &Value) -> Error {
+    Error::Protocol(format!("{what} is missing or malformed in {value}"))
+}
+
+/// A stream's address, `nova://bucket/key` (the key may hold `/`).
+#[derive(Clone, Debug, PartialEq, Eq, Hash, PartialOrd, Ord)]
+pub struct Address {
+    pub bucket: String,
+    pub key: String,
+}
+
+impl Address {
+    pub fn new(bucket: impl Into<String>, key: impl Into<String>) -> Self {
+        Self { bucket: bucket.into(), key: key.into() }
+    }
+
+    /// Parses `nova://bucket/key`.
+    pub fn parse(text: &str) -> Result<Self> {
+        let rest = text.strip_prefix("nova://").ok_or_else(|| {
+            Error::Invalid(format!("{text:?} is not an address like nova://bucket/key"))
+        })?;
+        match rest.split_once('/') {
+            Some((bucket, key)) if !bucket.is_empty() && !key.is_empty() => {
+                Ok(Self::new(bucket, key))
+            }
+            _ => Err(Error::Invalid(format!(
+                "{text:?} names no bucket and key: write nova://bucket/key"
+            ))),
+        }
+    }
+
+    /// `/v1/streams/{bucket}/{key}`, each segment percent-encoded.
+    pub fn path(&self) -> String {
+        format!("/v1/streams/{}/{}", encode_segment(&self.bucket), encode_segment(&self.key))
+    }
+}
+
+impl std::str::FromStr for Address {
+    type Err = Error;
+    fn from_str(text: &str) -> Result<Self> {
+        Self::parse(text)
+    }
+}
+
+impl fmt::Display for Address {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(f, "nova://{}/{}", self.bucket, self.key)
+    }
+}
+
+/// A stream's options (buckets.md): `None` leaves the value to the bucket's default (on
+/// create) or unchanged (on reconfigure). Records read from the server have every field.
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct StreamOptions {
+    pub class: Option<StorageClass>,
+    pub producer_policy: Option<ProducerPolicy>,
+    pub timestamping_mode: Option<TimestampingMode>,
+    pub timestamping_uncapped: Option<bool>,
+    pub retention_max_age_ms: Option<u64>,
+    pub retention_max_bytes: Option<u64>,
+    pub batch_max_bytes: Option<u64>,
+    pub batch_max_records: Option<u64>,
+    pub batch_max_delay_ms: Option<u64>,
+    pub throughput_max_bytes_per_second: Option<u64>,
+}
+
+const NUMBER_OPTIONS: [&str; 6] = [
+    "retention_max_age_ms",
+    "retention_max_bytes",
+    "batch_max_bytes",
+    "batch_max_records",
+    "batch_max_delay_ms",
+    "throughput_max_bytes_per_second",
+];
+
+impl StreamOptions {
+    fn numbers(&self) -> [Option<u64>; 6] {
+        [
+            self.retention_max_age_ms,
+            self.retention_max_bytes,
+            self.batch_max_bytes,
+            self.batch_max_records,
+            self.batch_max_delay_ms,
+            self.throughput_max_bytes_per_second,
+        ]
+    }
+
+    /// The fields that are set, named with `prefix` (`default_` for a bucket).
+    fn to_json(&self, prefix: &str, out: &mut Map<String, Value>) {
+        let mut put = |field: &str, value: Value| {
+            out.insert(format!("{prefix}{field}"), value);
+        };
+        if let Some(class) = self.class {
+            put("class", json!(class.as_str()));
+        }
+        if let Some(policy) = self.producer_policy {
+            put("producer_policy", json!(policy.as_str()));
+        }
+        if let Some(mode) = self.timestamping_mode {
+            put("timestamping_mode", json!(mode.as_str()));
+        }
+        if let Some(uncapped) = self.timestamping_uncapped {
+            put("timestamping_uncapped", json!(uncapped));
+        }
+        for (field, value) in NUMBER_OPTIONS.iter().zip(self.numbers()) {
+            if let Some(value) = value {
+                put(field, json!(value));
+            }
+        }
+    }
+
+    fn from_json(value: &Value, prefix: &str, scope: OptionScope) -> Result<Self> {
+        let get = |field: &str| &value[format!("{prefix}{field}").as_str()];
+        let text = |field: &str| -> Result<&str> {
+            get(field).as_str().ok_or_else(|| protocol(&format!("{prefix}{field}"), value))
+        };
+        let bad = |e: engine::Error| Error::Protocol(e.to_string());
+        let number = |field: &str| get(field).as_u64();
+        Ok(Self {
+            class: Some(StorageClass::parse_in(text("class")?, scope).map_err(bad)?),
+            producer_policy: Some(
+                ProducerPolicy::parse_in(text("producer_policy")?, scope).map_err(bad)?,
+            ),
+            timestamping_mode: Some(
+                TimestampingMode::parse_in(text("timestamping_mode")?, scope).map_err(bad)?,
+            ),
+            timestamping_uncapped: get("timestamping_uncapped").as_bool(),
+            retention_max_age_ms: number("retention_max_age_ms"),
+            retention_max_bytes: number("retention_max_bytes"),
+            batch_max_bytes: number("batch_max_bytes"),
+            batch_max_records: number("batch_max_records"),
+            batch_max_delay_ms: number("batch_max_delay_ms"),
+            throughput_max_bytes_per_second: number("throughput_max_bytes_per_second"),
+        })
+    }
+}
+
+/// A bucket: its name, location, auto-creation flags and stream defaults.
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct Bucket {
+    pub name: String,
+    pub location: String,
+    pub create_on_append: bool,
+    pub create_on_read: bool,
+    pub defaults: StreamOptions,
+    /// Set on records read from the server.
+    pub created_at_ms: Option<u64>,
+}
+
+impl Bucket {
+    pub fn new(name: impl Into<String>) -> Self {
+        Self { name: name.into(), ..Self::default() }
+    }
+
+    fn config_json(&self) -> Map<String, Value> {
+        let mut out = Map::new();
+        if !self.location.is_empty() {
+            out.insert("location".into(), json!(self.location));
+        }
+        if self.create_on_append {
+            out.insert("create_stream_on_append".into(), json!(true));
+        }
+        if self.create_on_read {
+            out.insert("create_stream_on_read".into(), json!(true));
+        }
+        self.defaults.to_json("default_", &mut out);
+        out
+    }
+
+    fn from_json(value: &Value) -> Result<Self> {
+        Ok(Self {
+            name: value["name"].as_str().ok_or_else(|| protocol("name", value))?.to_owned(),
+            location: value["location"].as_str().unwrap_or_default().to_owned(),
+            create_on_append: value["create_stream_on_append"].as_bool().unwrap_or(false),
+            create_on_read: value["create_stream_on_read"].as_bool().unwrap_or(false),
+            defaults: StreamOptions::from_json(value, "default_", OptionScope::BucketDefaults)?,
+            created_at_ms: value["created_at_ms"].as_u64(),
+        })
+    }
+
+    /// Whether `stored` has this configuration, where this one sets a value.
+    fn matches(&self, stored: &Bucket) -> bool {
+        let d = &self.defaults;
+        let s = &stored.defaults;
+        let same = |want: Option<u64>, have: Option<u64>| want.is_none_or(|w| Some(w) == have);
+        self.location == stored.location
+            && self.create_on_append == stored.create_on_append
+            && self.create_on_read == stored.create_on_read
+            && d.class.is_none_or(|c| Some(c) == s.class)
+            && d.producer_policy.is_none_or(|p| Some(p) == s.producer_policy)
+            && d.timestamping_mode.is_none_or(|m| Some(m) == s.timestamping_mode)
+            && d.timestamping_uncapped.is_none_or(|u| Some(u) == s.timestamping_uncapped)
+            && d.numbers().iter().zip(s.numbers()).all(|(w, h)| same(*w, h))
+    }
+}
+
+/// A position in a stream.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, PartialOrd, Ord)]
+pub struct Position {
+    pub seq_num: u64,
+    pub timestamp: u64,
+}
+
+impl Position {
+    fn from_json(value: &Value) -> Result<Self> {
+        Ok(Self {
+            seq_num: value["seq_num"].as_u64().ok_or_else(|| protocol("seq_num", value))?,
+            timestamp: value["timestamp"].as_u64().ok_or_else(|| protocol("timestamp", value))?,
+        })
+    }
+}
+
+/// A stream record as the server keeps it, with its tail and trim watermark when it came
+/// from GetStream.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct StreamInfo {
+    pub address: Address,
+    /// 32 hex digits.
+    pub id: String,
+    pub created_at_ms: u64,
+    pub options: StreamOptions,
+    pub tail: Option<Position>,
+    pub trim_seq_num: Option<u64>,
+}
+
+impl StreamInfo {
+    fn from_json(value: &Value) -> Result<Self> {
+        let text = |field: &str| -> Result<String> {
+            Ok(value[field].as_str().ok_or_else(|| protocol(field, value))?.to_owned())
+        };
+        Ok(Self {
+            address: Address::new(text("bucket")?, text("key")?),
+            id: text("id")?,
+            created_at_ms: value["created_at_ms"].as_u64().unwrap_or(0),
+            options: StreamOptions::from_json(value, "", OptionScope::Stream)?,
+            tail: value.get("tail").map(Position::from_json).transpose()?,
+            trim_seq_num: value["trim_seq_num"].as_u64(),
+        })
+    }
+}
+
+/// One page of a listing; `next` is where the next page starts, None on the last.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Page<T> {
+    pub items: Vec<T>,
+    pub next: Option<String>,
+}
+
+/// An append's acknowledgement.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Ack {
+    /// The first record's position.
+    pub start: Position,
+    /// One past the last record.
+    pub end: Position,
+    pub tail: Position,
+}
+
+impl Ack {
+    fn from_json(value: &Value) -> Result<Self> {
+        Ok(Self {
+            start: Position::from_json(&value["start"])?,
+            end: Position::from_json(&value["end"])?,
+            tail: Position::from_json(&value["tail"])?,
+        })
+    }
+}
+
+/// What an append may carry besides its records.
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct Conditions {
+    /// Apply only if the first record would be numbered exactly this. Such an append is
+    /// retried after a failed connection: it lands once or is refused.
+    pub match_seq_num: Option<u64>,
+    pub fencing_token: Option<String>,
+}
+
+impl Conditions {
+    fn check(&self) -> Result<()> {
+        match &self.fencing_token {
+            Some(token) if token.len() > FENCING_TOKEN_BYTES_MAX => Err(Error::Invalid(format!(
+                "fencing token is {} bytes, over the limit of {FENCING_TOKEN_BYTES_MAX}",
+                token.len()
+            ))),
+            _ => Ok(()),
+        }
+    }
+}
+
+/// A batch of records, kept in the binary framing's form (each record encoded once, as
+/// the server stores it). Reuse one with [`Batch::clear`]: pushing allocates nothing once
+/// its buffers have grown.
+#[derive(Clone, Debug, Default)]
+pub struct Batch {
+    lengths: Vec<u8>,
+    data: Vec<u8>,
+    timestamp: Option<i64>,
+}
+
+impl Batch {
+    pub fn new() -> Self {
+        Self::default()
+    }
+
+    /// Adds a record.
+    pub fn push<N: AsRef<[u8]>, V: AsRef<[u8]>>(
+        &mut self,
+        headers: &[(N, V)],
+        body: &[u8],
+    ) -> Result<()> {
+        let before = self.data.len();
+        engine::record::encode(headers, body, &mut self.data)
+            .map_err(|e| Error::Invalid(format!("record {}: {e}", self.len())))?;
+        let stored = u32::try_from(self.data.len() - before).map_err(|_| {
+            self.data.truncate(before);
+            Error::Invalid(format!("record {} is over 4 GiB", self.len()))
+        })?;
+        self.lengths.extend_from_slice(&stored.to_le_bytes());
+        Ok(())
+    }
+
+    /// The batch's offered timestamp (ms); the server stamps the batch once (decisions.md).
+    pub fn set_timestamp(&mut self, timestamp: Option<i64>) {
+        self.timestamp = timestamp;
+    }
+
+    pub fn len(&self) -> usize {
+        self.lengths.len() / 4
+    }
+
+    pub fn is_empty(&self) -> bool {
+        self.lengths.is_empty()
+    }
+
+    /// Encoded bytes of the records.
+    pub fn stored_bytes(&self) -> usize {
+        self.data.len()
+    }
+
+    pub fn clear(&mut self) {
+        self.lengths.clear();
+        self.data.clear();
+        self.timestamp = None;
+    }
+
+    /// The stored records, one slice each.
+    fn records(&self) -> impl Iterator<Item = &[u8]> {
+        let mut data = self.data.as_slice();
+        self.lengths.chunks_exact(4).map(move |length| {
+            let len = u32::from_le_bytes([length[0], length[1], length[2], length[3]]);
+            let (record, rest) = data.split_at(len as usize);
+            data = rest;
+            record
+        })
+    }
+
+    /// Length of the framed body with these conditions.
+    fn framed_len(&self, conditions: &Conditions) -> usize {
+        framing::APPEND_PREFIX_LEN
+            + conditions.fencing_token.as_ref().map_or(0, String::len)
+            + self.lengths.len()
+            + self.data.len()
+    }
+
+    /// Appends the framed body (framing.rs) to `out`.
+    fn write_framed(&self, conditions: &Conditions, out: &mut Vec<u8>) -> Result<()> {
+        conditions.check()?;
+        let count = u32::try_from(self.len())
+            .map_err(|_| Error::Invalid(format!("{} records in one batch", self.len())))?;
+        let token = conditions.fencing_token.as_deref().unwrap_or("");
+        let mut flags = 0u8;
+        if self.timestamp.is_some() {
+            flags |= 1;
+        }
+        if conditions.match_seq_num.is_some() {
+            flags |= 2;
+        }
+        if conditions.fencing_token.is_some() {
+            flags |= 4;
+        }
+        // The token length was checked against the 36-byte limit.
+        out.extend_from_slice(&[framing::VERSION, flags, token.len() as u8, 0]);
+        out.extend_from_slice(&count.to_le_bytes());
+        out.extend_from_slice(&conditions.match_seq_num.unwrap_or(0).to_le_bytes());
+        out.extend_from_slice(&self.timestamp.unwrap_or(0).to_le_bytes());
+        out.extend_from_slice(token.as_bytes());
+        out.extend_from_slice(&self.lengths);
+        out.extend_from_slice(&self.data);
+        Ok(())
+    }
+
+    /// The JSON body, and whether it is base64.
+    fn to_json(&self, conditions: &Conditions) -> Result<(Vec<u8>, bool)> {
+        conditions.check()?;
+        let mut decoded = Vec::with_capacity(self.len());
+        for stored in self.records() {
+            decoded.push(
+                engine::record::decode(stored)
+                    .map_err(|e| Error::Invalid(format!("a batch record is corrupt: {e}")))?,
+            );
+        }
+        let utf8 = |bytes: &[u8]| std::str::from_utf8(bytes).is_ok();
+        let text =
+            decoded.iter().all(|r| utf8(r.body()) && r.headers().all(|(n, v)| utf8(n) && utf8(v)));
+        let encode = |bytes: &[u8]| -> Value {
+            if text { json!(String::from_utf8_lossy(bytes)) } else { json!(BASE64.encode(bytes)) }
+        };
+        let records: Vec<Value> = decoded
+            .iter()
+            .map(|r| {
+                let headers: Vec<Value> =
+                    r.headers().map(|(n, v)| json!([encode(n), encode(v)])).collect();
+                let mut record = json!({"body": encode(r.body()), "headers": headers});
+                if let Some(ts) = self.timestamp {
+                    record["timestamp"] = json!(ts);
+                }
+                record
+            })
+            .collect();
+        let mut body = json!({"records": records});
+        if let Some(n) = conditions.match_seq_num {
+            body["match_seq_num"] = json!(n);
+        }
+        if let Some(token) = &conditions.fencing_token {
+            body["fencing_token"] = json!(token);
+        }
+        Ok((body.to_string().into_bytes(), !text))
+    }
+}
+
+/// A record read back.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Record {
+    pub seq_num: u64,
+    pub timestamp: u64,
+    pub headers: Vec<(Vec<u8>, Vec<u8>)>,
+    pub body: Vec<u8>,
+}
+
+/// Where a read starts.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Start {
+    SeqNum(u64),
+    /// The first record stamped at or after this (ms).
+    Timestamp(u64),
+    /// This many records before the tail.
+    TailOffset(u64),
+}
+
+impl Default for Start {
+    fn default() -> Self {
+        Start::SeqNum(0)
+    }
+}
+
+/// A read's start and bounds (streams.md).
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct ReadOptions {
+    pub start: Start,
+    pub count: Option<u64>,
+    pub bytes: Option<u64>,
+    /// Stop before the first record stamped at or after this (ms).
+    pub until: Option<u64>,
+    /// A start past the tail reads from the tail instead of failing.
+    pub clamp: bool,
+    /// Long poll: wait up to this many seconds for records when none are readable.
+    pub wait_seconds: Option<u64>,
+}
+
+impl ReadOptions {
+    pub fn from_seq_num(seq_num: u64) -> Self {
+        Self { start: Start::SeqNum(seq_num), ..Self::default() }
+    }
+
+    fn query(&self) -> String {
+        let mut query = match self.start {
+            Start::SeqNum(n) => format!("seq_num={n}"),
+            Start::Timestamp(t) => format!("timestamp={t}"),
+            Start::TailOffset(k) => format!("tail_offset={k}"),
+        };
+        for (name, value) in [
+            ("count", self.count),
+            ("bytes", self.bytes),
+            ("until", self.until),
+            ("wait", self.wait_seconds),
+        ] {
+            if let Some(value) = value {
+                query.push_str(&format!("&{name}={value}"));
+            }
+        }
+        if self.clamp {
+            query.push_str("&clamp=true");
+        }
+        query
+    }
+}
+
+/// One page of a read.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct ReadPage {
+    pub records: Vec<Record>,
+    /// Where the next page starts.
+    pub next_seq_num: u64,
+    pub tail: Position,
+}
+
+/// Decodes the records of binary frames into `out`; the page end, if one came.
+fn decode_frames(bytes: &[u8], out: &mut Vec<Record>) -> Result<Option<(u64, Position)>> {
+    let mut at = 0;
+    let mut end = None;
+    while at < bytes.len() {
+        let (frame, used) = framing::decode_frame(&bytes[at..])
+            .map_err(|e| Error::Protocol(format!("a read page is corrupt: {e}")))?
+            .ok_or_else(|| Error::Protocol("a read page ends inside a frame".into()))?;
+        at += used;
+        match frame {
+            Frame::Records(run) => push_records(&run, out)?,
+            Frame::PageEnd { next_seq_num, tail } => {
+                end = Some((
+                    next_seq_num,
+                    Position { seq_num: tail.seq_num, timestamp: tail.timestamp },
+                ));
+            }
+            Frame::Error(text) => return Err(api_error_frame(text)),
+            Frame::Heartbeat(_) | Frame::End => {}
+        }
+    }
+    Ok(end)
+}
+
+fn push_records(run: &engine::chunk::Records<'_>, out: &mut Vec<Record>) -> Result<()> {
+    for (seq_num, timestamp, stored) in run.iter() {
+        let record = engine::record::decode(stored)
+            .map_err(|e| Error::Protocol(format!("record {seq_num} is corrupt: {e}")))?;
+        out.push(Record {
+            seq_num,
+            timestamp,
+            headers: record.headers().map(|(n, v)| (n.to_vec(), v.to_vec())).collect(),
+            body: record.body().to_vec(),
+        });
+    }
+    Ok(())
+}
+
+fn api_error_frame(text: &str) -> Error {
+    let body: Value = serde_json::from_str(text).unwrap_or(Value::Null);
+    match (body["code"].as_str(), body["message"].as_str()) {
+        (Some(code), Some(message)) => Error::Api(ApiError {
+            status: 0,
+            code: code.to_owned(),
+            message: message.to_owned(),
+            retry_after_seconds: None,
+            body,
+        }),
+        _ => Error::Protocol(format!("an error frame that is not an error object: {text}")),
+    }
+}
+
+/// Records of a JSON page with base64 bytes.
+fn records_from_json(page: &Value) -> Result<Vec<Record>> {
+    let bytes = |value: &Value| -> Result<Vec<u8>> {
+        let text = value.as_str().ok_or_else(|| protocol("a record's bytes", page))?;
+        BASE64.decode(text).map_err(|e| Error::Protocol(format!("base64 in a page: {e}")))
+    };
+    let mut out = Vec::new();
+    for record in page["records"].as_array().ok_or_else(|| protocol("records", page))? {
+        let mut headers = Vec::new();
+        for pair in record["headers"].as_array().into_iter().flatten() {
+            headers.push((bytes(&pair[0])?, bytes(&pair[1])?));
+        }
+        out.push(Record {
+            seq_num: record["seq_num"].as_u64().ok_or_else(|| protocol("seq_num", record))?,
+            timestamp: record["timestamp"].as_u64().ok_or_else(|| protocol("timestamp", record))?,
+            headers,
+            body: bytes(&record["body"])?,
+        });
+    }
+    Ok(out)
+}
+
+/// A kept-alive connection.
+struct Conn {
+    reader: BufReader<TcpStream>,
+}
+
+impl Conn {
+    fn connect(server: &Server) -> io::Result<Conn> {
+        let stream = TcpStream::connect(&server.authority)?;
+        stream.set_nodelay(true)?;
+        Ok(Conn { reader: BufReader::with_capacity(64 << 10, stream) })
+    }
+
+    /// Whether the server closed it (or sent something unasked) while it sat idle.
+    fn is_stale(&self) -> bool {
+        let stream = self.reader.get_ref();
+        if !self.reader.buffer().is_empty() || stream.set_nonblocking(true).is_err() {
+            return true;
+        }
+        let mut probe = [0u8; 1];
+        let stale =
+            !matches!(stream.peek(&mut probe), Err(e) if e.kind() == io::ErrorKind::WouldBlock);
+        stale || stream.set_nonblocking(false).is_err()
+    }
+}
+
+/// A client of one nova server. Cheap to share between threads (`&Client`); calls reuse
+/// up to 16 idle keep-alive connections.
+pub struct Client {
+    server: Server,
+    format: Format,
+    attempts: u32,
+    backoff: Duration,
+    idle: Mutex<Vec<Conn>>,
+}
+
+impl fmt::Debug for Client {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("Client")
+            .field("server", &self.server)
+            .field("format", &self.format)
+            .finish()
+    }
+}
+
+impl Client {
+    /// A client of the server at `http://HOST:PORT`; binary framing, 3 attempts for safe
+    /// calls.
+    pub fn new(url: &str) -> Result<Self> {
+        Ok(Self {
+            server: Server::parse(url).map_err(Error::Invalid)?,
+            format: Format::Binary,
+            attempts: 3,
+            backoff: Duration::from_millis(50),
+            idle: Mutex::new(Vec::new()),
+        })
+    }
+
+    /// JSON or the binary framing for appends and reads.
+    pub fn with_format(mut self, format: Format) -> Self {
+        self.format = format;
+        self
+    }
+
+    /// Attempts for a call that is safe to repeat (at least 1); the wait between them
+    /// starts at 50 ms and doubles.
+    pub fn with_attempts(mut self, attempts: u32) -> Self {
+        self.attempts = attempts.max(1);
+        self
+    }
+
+    pub fn server(&self) -> &Server {
+        &self.server
+    }
+
+    pub fn format(&self) -> Format {
+        self.format
+    }
+
+    fn take_conn(&self) -> io::Result<(Conn, bool)> {
+        loop {
+            let idle = self.idle.lock().map(|mut idle| idle.pop()).unwrap_or(None);
+            match idle {
+                Some(conn) if conn.is_stale() => continue,
+                Some(conn) => return Ok((conn, true)),
+                None => return Ok((Conn::connect(&self.server)?, false)),
+            }
+        }
+    }
+
+    fn put_conn(&self, conn: Conn) {
+        if let Ok(mut idle) = self.idle.lock()
+            && idle.len() < POOL_MAX
+        {
+            idle.push(conn);
+        }
+    }
+
+    /// One request on a kept-alive connection.
+    fn send_once(
+        &self,
+        method: &str,
+        path: &str,
+        headers: &[(&str, &str)],
+        body: Option<&[u8]>,
+    ) -> Result<Response> {
+        let io_error = |error: io::Error| Error::Io {
+            what: format!("{method} {path} on {}", self.server.authority),
+            error,
+        };
+        let (mut conn, _reused) = self.take_conn().map_err(io_error)?;
+        let mut out = Vec::with_capacity(256 + body.map_or(0, <[u8]>::len));
+        http::encode_head(
+            &mut out,
+            method,
+            path,
+            &self.server.authority,
+            headers,
+            body.map(<[u8]>::len).or((method != "GET").then_some(0)),
+        );
+        out.extend_from_slice(body.unwrap_or_default());
+        let written = conn.reader.get_mut().write_all(&out);
+        // A server may answer before it read the whole body (over its limit): the answer
+        // counts, not the failed write.
+        let answer = read_response(&mut conn.reader, method);
+        match (answer, written) {
+            (Ok((response, reusable)), _) => {
+                if reusable {
+                    self.put_conn(conn);
+                }
+                Ok(response)
+            }
+            (Err(_), Err(error)) | (Err(error), Ok(())) => Err(io_error(error)),
+        }
+    }
+
+    /// A request, repeated while it fails transiently when `safe` (no side effects, or
+    /// guarded by match_seq_num); an error status is an [`Error::Api`].
+    fn call(
+        &self,
+        method: &str,
+        path: &str,
+        headers: &[(&str, &str)],
+        body: Option<&[u8]>,
+        safe: bool,
+    ) -> Result<Response> {
+        let attempts = if safe { self.attempts } else { 1 };
+        let mut backoff = self.backoff;
+        let mut attempt = 1;
+        loop {
+            let result = self.send_once(method, path, headers, body).and_then(|response| {
+                if (200..300).contains(&response.status) {
+                    Ok(response)
+                } else {
+                    Err(Error::from_response(&response))
+                }
+            });
+            match result {
+                Err(error) if attempt < attempts && error.transient() => {
+                    std::thread::sleep(backoff);
+                    backoff *= 2;
+                    attempt += 1;
+                }
+                other => return other,
+            }
+        }
+    }
+
+    /// Any JSON call: the answer's JSON (`Null` for 204). What the CLI prints with `--json`.
+    pub fn call_json(&self, method: &str, path: &str, body: Option<&Value>) -> Result<Value> {
+        let text = body.map(Value::to_string);
+        let safe = method == "GET";
+        let response = self.call(method, path, &[], text.as_deref().map(str::as_bytes), safe)?;
+        if response.body.is_empty() {
+            return Ok(Value::Null);
+        }
+        serde_json::from_slice(&response.body)
+            .map_err(|e| Error::Protocol(format!("{method} {path} answered with bad JSON: {e}")))
+    }
+
+    // ---- Buckets ------------------------------------------------------------------
+
+    /// ListBuckets: up to `limit` buckets after `start_after`, in name order.
+    pub fn list_buckets(
+        &self,
+        start_after: Option<&str>,
+        limit: Option<u64>,
+    ) -> Result<Page<Bucket>> {
+        let mut query = Vec::new();
+        if let Some(after) = start_after {
+            query.push(format!("start_after={}", encode_segment(after)));
+        }
+        if let Some(limit) = limit {
+            query.push(format!("limit={limit}"));
+        }
+        let page = self.call_json("GET", &format!("/v1/buckets?{}", query.join("&")), None)?;
+        let items = page["buckets"]
+            .as_array()
+            .ok_or_else(|| protocol("buckets", &page))?
+            .iter()
+            .map(Bucket::from_json)
+            .collect::<Result<_>>()?;
+        Ok(Page { items, next: next(&page) })
+    }
+
+    /// CreateBucket; with a creation token, the same call again returns the bucket.
+    pub fn create_bucket(&self, bucket: &Bucket, creation_token: Option<&str>) -> Result<Bucket> {
+        let mut body = bucket.config_json();
+        if let Some(token) = creation_token {
+            body.insert("creation_token".into(), json!(token));
+        }
+        let record =
+            self.call_json("POST", &bucket_path(&bucket.name), Some(&Value::Object(body)))?;
+        Bucket::from_json(&record)
+    }
+
+    pub fn get_bucket(&self, name: &str) -> Result<Bucket> {
+        Bucket::from_json(&self.call_json("GET", &bucket_path(name), None)?)
+    }
+
+    /// UpdateBucket: the whole configuration (unset defaults take the domain default).
+    pub fn update_bucket(&self, bucket: &Bucket) -> Result<Bucket> {
+        let body = Value::Object(bucket.config_json());
+        Bucket::from_json(&self.call_json("PUT", &bucket_path(&bucket.name), Some(&body))?)
+    }
+
+    pub fn delete_bucket(&self, name: &str) -> Result<()> {
+        self.call_json("DELETE", &bucket_path(name), None).map(drop)
+    }
+
+    /// Makes sure the bucket exists with this configuration: creates it, or updates the
+    /// one there when it differs where `bucket` sets a value. The bucket as stored.
+    pub fn ensure_bucket(&self, bucket: &Bucket) -> Result<Bucket> {
+        match self.create_bucket(bucket, None) {
+            Err(error) if error.code() == Some("already_exists") => {
+                let stored = self.get_bucket(&bucket.name)?;
+                if bucket.matches(&stored) { Ok(stored) } else { self.update_bucket(bucket) }
+            }
+            other => other,
+        }
+    }
+
+    // ---- Streams ------------------------------------------------------------------
+
+    pub fn create_stream(
+        &self,
+        address: &Address,
+        options: &StreamOptions,
+        creation_token: Option<&str>,
+    ) -> Result<StreamInfo> {
+        let mut body = Map::new();
+        options.to_json("", &mut body);
+        if let Some(token) = creation_token {
+            body.insert("creation_token".into(), json!(token));
+        }
+        StreamInfo::from_json(&self.call_json(
+            "POST",
+            &address.path(),
+            Some(&Value::Object(body)),
+        )?)
+    }
+
+    /// GetStream: the record with its tail and trim watermark.
+    pub fn get_stream(&self, address: &Address) -> Result<StreamInfo> {
+        StreamInfo::from_json(&self.call_json("GET", &address.path(), None)?)
+    }
+
+    /// ReconfigureStream: the options that are set change (0 means unbounded).
+    pub fn reconfigure_stream(
+        &self,
+        address: &Address,
+        patch: &StreamOptions,
+    ) -> Result<StreamInfo> {
+        let mut body = Map::new();
+        patch.to_json("", &mut body);
+        StreamInfo::from_json(&self.call_json(
+            "PATCH",
+            &address.path(),
+            Some(&Value::Object(body)),
+        )?)
+    }
+
+    pub fn delete_stream(&self, address: &Address) -> Result<()> {
+        self.call_json("DELETE", &address.path(), None).map(drop)
+    }
+
+    /// ListStreams of a bucket, by key prefix, in key order.
+    pub fn list_streams(
+        &self,
+        bucket: &str,
+        prefix: &str,
+        start_after: Option<&str>,
+        limit: Option<u64>,
+    ) -> Result<Page<StreamInfo>> {
+        let mut query = vec![format!("prefix={}", encode_segment(prefix))];
+        if let Some(after) = start_after {
+            query.push(format!("start_after={}", encode_segment(after)));
+        }
+        if let Some(limit) = limit {
+            query.push(format!("limit={limit}"));
+        }
+        let path = format!("/v1/streams/{}?{}", encode_segment(bucket), query.join("&"));
+        let page = self.call_json("GET", &path, None)?;
+        let items = page["streams"]
+            .as_array()
+            .ok_or_else(|| protocol("streams", &page))?
+            .iter()
+            .map(StreamInfo::from_json)
+            .collect::<Result<_>>()?;
+        Ok(Page { items, next: next(&page) })
+    }
+
+    // ---- Records ------------------------------------------------------------------
+
+    /// Appends one batch. Retried after a failed connection only when it carries
+    /// `match_seq_num`.
+    pub fn append(&self, address: &Address, batch: &Batch, conditions: &Conditions) -> Result<Ack> {
+        let path = format!("{}/records", address.path());
+        let safe = conditions.match_seq_num.is_some();
+        let response = match self.format {
+            Format::Binary => {
+                let mut body = Vec::with_capacity(batch.framed_len(conditions));
+                batch.write_framed(conditions, &mut body)?;
+                self.call(
+                    "POST",
+                    &path,
+                    &[("content-type", RECORDS_MEDIA_TYPE)],
+                    Some(&body),
+                    safe,
+                )?
+            }
+            Format::Json => {
+                let (body, base64) = batch.to_json(conditions)?;
+                let mut headers = vec![("content-type", "application/json")];
+                if base64 {
+                    headers.push(("nova-encoding", "base64"));
+                }
+                self.call("POST", &path, &headers, Some(&body), safe)?
+            }
+        };
+        Ack::from_json(&response.json())
+    }
+
+    /// Reads one page (long polls with `wait_seconds`).
+    pub fn read(&self, address: &Address, options: &ReadOptions) -> Result<ReadPage> {
+        let path = format!("{}/records?{}", address.path(), options.query());
+        match self.format {
+            Format::Binary => {
+                let response =
+                    self.call("GET", &path, &[("accept", RECORDS_MEDIA_TYPE)], None, true)?;
+                let mut records = Vec::new();
+                let (next_seq_num, tail) = decode_frames(&response.body, &mut records)?
+                    .ok_or_else(|| Error::Protocol("a read page without its page end".into()))?;
+                Ok(ReadPage { records, next_seq_num, tail })
+            }
+            Format::Json => {
+                let response =
+                    self.call("GET", &path, &[("nova-encoding", "base64")], None, true)?;
+                let page = response.json();
+                Ok(ReadPage {
+                    records: records_from_json(&page)?,
+                    next_seq_num: page["next_seq_num"]
+                        .as_u64()
+                        .ok_or_else(|| protocol("next_seq_num", &page))?,
+                    tail: Position::from_json(&page["tail"])?,
+                })
+            }
+        }
+    }
+
+    /// CheckTail: the next sequence number and the last timestamp.
+    pub fn check_tail(&self, address: &Address) -> Result<Position> {
+        let answer = self.call_json("GET", &format!("{}/tail", address.path()), None)?;
+        Position::from_json(&answer["tail"])
+    }
+
+    /// Fence: sets the stream's fencing token, if it is `expected` (when given).
+    pub fn fence(
+        &self,
+        address: &Address,
+        token: &str,
+        expected: Option<&str>,
+    ) -> Result<Position> {
+        let mut body = json!({"fencing_token": token});
+        if let Some(expected) = expected {
+            body["expected"] = json!(expected);
+        }
+        let answer = self.call_json("POST", &format!("{}/fence", address.path()), Some(&body))?;
+        Position::from_json(&answer["tail"])
+    }
+
+    /// Trim to a sequence number or a timestamp; the new watermark.
+    pub fn trim(&self, address: &Address, to: Start) -> Result<u64> {
+        let body = match to {
+            Start::SeqNum(n) => json!({"seq_num": n}),
+            Start::Timestamp(t) => json!({"timestamp": t}),
+            Start::TailOffset(_) => {
+                return Err(Error::Invalid("trim goes to a seq_num or a timestamp".into()));
+            }
+        };
+        let answer = self.call_json("POST", &format!("{}/trim", address.path()), Some(&body))?;
+        answer["trim_seq_num"].as_u64().ok_or_else(|| protocol("trim_seq_num", &answer))
+    }
+
+    /// ReadPlan, as the server's JSON.
+    pub fn plan(&self, address: &Address, options: &ReadOptions) -> Result<Value> {
+        self.call_json("GET", &format!("{}/plan?{}", address.path(), options.query()), None)
+    }
+
+    /// An append session on its own connection: see [`AppendSession`].
+    pub fn append_session(&self, address: &Address, in_flight_max: usize) -> Result<AppendSession> {
+        AppendSession::open(&self.server, address, self.format, in_flight_max)
+    }
+
+    /// A subscription from `options` (its `wait_seconds` is ignored), binary framing
+    /// unless `sse`.
+    pub fn subscribe(
+        &self,
+        address: &Address,
+        options: &ReadOptions,
+        sse: bool,
+    ) -> Result<Subscription> {
+        Subscription::open(&self.server, address, options, sse, None)
+    }
+
+    /// A subscription that resumes right after `last_seq_num` (`Last-Event-ID`).
+    pub fn resume(
+        &self,
+        address: &Address,
+        options: &ReadOptions,
+        sse: bool,
+        last_seq_num: u64,
+    ) -> Result<Subscription> {
+        Subscription::open(&self.server, address, options, sse, Some(last_seq_num))
+    }
+}
+
+fn bucket_path(name: &str) -> String {
+    format!("/v1/buckets/{}", encode_segment(name))
+}
+
+fn next(page: &Value) -> Option<String> {
+    page["next"].as_str().filter(|n| !n.is_empty()).map(str::to_owned)
+}
+
+/// Reads exactly one frame (`u32` length, then that many bytes) into `buf`; false at a
+/// clean end of the stream before any byte.
+fn read_frame(reader: &mut dyn io::BufRead, buf: &mut Vec<u8>) -> io::Result<bool> {
+    buf.clear();
+    buf.resize(4, 0);
+    let mut got = 0;
+    while got < 4 {
+        let n = reader.read(&mut buf[got..4])?;
+        if n == 0 {
+            return if got == 0 {
+                Ok(false)
+            } else {
+                Err(io::Error::new(io::ErrorKind::UnexpectedEof, "a frame length cut short"))
+            };
+        }
+        got += n;
+    }
+    let len = u32::from_le_bytes([buf[0], buf[1], buf[2], buf[3]]);
+    if len > framing::FRAME_LEN_MAX {
+        return Err(io::Error::new(
+            io::ErrorKind::InvalidData,
+            format!("frame length {len} is over the limit of {}", framing::FRAME_LEN_MAX),
+        ));
+    }
+    buf.resize(4 + len as usize, 0);
+    reader.read_exact(&mut buf[4..])?;
+    Ok(true)
+}

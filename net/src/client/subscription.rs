@@ -1,0 +1,162 @@
+//! A subscription as an iterator: history, then live records, heartbeats with the tail
+//! when idle, and the end when a bound is reached (streams.md "Subscriptions"). Binary
+//! framing by default (records frames sent as the chunk holds them), Server-Sent Events
+//! on request. A deleted stream ends it with a not_found error.
+
+use std::io::BufRead;
+
+use engine::framing::{self, Frame};
+use serde_json::Value;
+
+use super::http::{self, Server, Streaming};
+use super::{
+    Address, Error, Position, ReadOptions, Record, Result, api_error_frame, push_records,
+    read_frame, records_from_json,
+};
+
+/// The `Accept` of a binary subscription (a plain binary `Accept` reads one page).
+pub const SUBSCRIBE_MEDIA_TYPE: &str = "application/x-nova-records; subscribe=true";
+
+/// What a subscription delivers.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum SubscriptionEvent {
+    /// Records in order, with the tail when they were read.
+    Records { records: Vec<Record>, tail: Position },
+    /// Nothing new for a while; the tail.
+    Heartbeat { tail: Position },
+}
+
+/// An open subscription; iterate it. It ends (None) after a bound is reached; an error is
+/// the last item.
+pub struct Subscription {
+    stream: Streaming,
+    sse: bool,
+    frame: Vec<u8>,
+    done: bool,
+    /// The seq_num after the last record delivered: where to resume.
+    next_seq_num: Option<u64>,
+}
+
+impl Subscription {
+    pub(super) fn open(
+        server: &Server,
+        address: &Address,
+        options: &ReadOptions,
+        sse: bool,
+        resume_after: Option<u64>,
+    ) -> Result<Self> {
+        let options = ReadOptions { wait_seconds: None, ..*options };
+        let path = format!("{}/records?{}", address.path(), options.query());
+        let accept = if sse { "text/event-stream" } else { SUBSCRIBE_MEDIA_TYPE };
+        let resume = resume_after.map(|n| n.to_string());
+        let mut headers = vec![("accept", accept)];
+        if sse {
+            // SSE bytes are text: ask for base64 so any record reads back exactly.
+            headers.push(("nova-encoding", "base64"));
+        }
+        if let Some(resume) = &resume {
+            headers.push(("last-event-id", resume));
+        }
+        let stream = http::open(server, "GET", &path, &headers, None, None).map_err(|error| {
+            Error::Io { what: format!("subscribe to {address} on {}", server.authority), error }
+        })?;
+        if stream.status != 200 {
+            let response = stream
+                .finish()
+                .map_err(|error| Error::Io { what: format!("subscribe to {address}"), error })?;
+            return Err(Error::from_response(&response));
+        }
+        Ok(Self { stream, sse, frame: Vec::new(), done: false, next_seq_num: None })
+    }
+
+    /// The sequence number after the last record delivered (resume with
+    /// [`super::Client::resume`] from one before it).
+    pub fn next_seq_num(&self) -> Option<u64> {
+        self.next_seq_num
+    }
+
+    fn next_binary(&mut self) -> Result<Option<SubscriptionEvent>> {
+        loop {
+            let more = read_frame(&mut self.stream.body, &mut self.frame)
+                .map_err(|error| Error::Io { what: "read a subscription".into(), error })?;
+            if !more {
+                return Err(Error::Protocol("the subscription ended without an end frame".into()));
+            }
+            let (frame, _) = framing::decode_frame(&self.frame)
+                .map_err(|e| Error::Protocol(format!("a subscription frame is corrupt: {e}")))?
+                .ok_or_else(|| Error::Protocol("a subscription frame is cut short".into()))?;
+            return match frame {
+                Frame::Records(run) => {
+                    let mut records = Vec::with_capacity(run.len());
+                    push_records(&run, &mut records)?;
+                    // The tail follows in a heartbeat only when idle; a records frame says
+                    // at least this much.
+                    let last = records.last().map_or(Position::default(), |r| Position {
+                        seq_num: r.seq_num + 1,
+                        timestamp: r.timestamp,
+                    });
+                    self.next_seq_num = Some(last.seq_num);
+                    Ok(Some(SubscriptionEvent::Records { records, tail: last }))
+                }
+                Frame::Heartbeat(tail) => Ok(Some(SubscriptionEvent::Heartbeat {
+                    tail: Position { seq_num: tail.seq_num, timestamp: tail.timestamp },
+                })),
+                Frame::PageEnd { .. } => continue,
+                Frame::End => Ok(None),
+                Frame::Error(text) => Err(api_error_frame(text)),
+            };
+        }
+    }
+
+    fn next_sse(&mut self) -> Result<Option<SubscriptionEvent>> {
+        loop {
+            let body: &mut dyn BufRead = &mut self.stream.body;
+            let event = http::next_event(body)
+                .map_err(|error| Error::Io { what: "read a subscription".into(), error })?
+                .ok_or_else(|| {
+                    Error::Protocol("the subscription ended without an end event".into())
+                })?;
+            let data: Value = serde_json::from_str(&event.data).unwrap_or(Value::Null);
+            return match event.event.as_str() {
+                "batch" => {
+                    let records = records_from_json(&data)?;
+                    if let Some(last) = records.last() {
+                        self.next_seq_num = Some(last.seq_num + 1);
+                    }
+                    Ok(Some(SubscriptionEvent::Records {
+                        records,
+                        tail: Position::from_json(&data["tail"])?,
+                    }))
+                }
+                "ping" => Ok(Some(SubscriptionEvent::Heartbeat {
+                    tail: Position::from_json(&data["tail"])?,
+                })),
+                "end" => Ok(None),
+                "error" => Err(api_error_frame(&event.data)),
+                _ => continue,
+            };
+        }
+    }
+}
+
+impl Iterator for Subscription {
+    type Item = Result<SubscriptionEvent>;
+
+    fn next(&mut self) -> Option<Self::Item> {
+        if self.done {
+            return None;
+        }
+        let next = if self.sse { self.next_sse() } else { self.next_binary() };
+        match next {
+            Ok(Some(event)) => Some(Ok(event)),
+            Ok(None) => {
+                self.done = true;
+                None
+            }
+            Err(error) => {
+                self.done = true;
+                Some(Err(error))
+            }
+        }
+    }
+}

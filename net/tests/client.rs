@@ -1,0 +1,246 @@
+//! The Rust client (`net::client`) against a real `nova serve` child: every verb, both
+//! formats, the pipelined append session, subscriptions, and the errors it hands back.
+
+#[macro_use]
+mod common;
+
+use common::{Nova, Store};
+use engine::options::StorageClass;
+use net::client::{
+    Address, Batch, Bucket, Client, Conditions, Error, Format, ReadOptions, Start, StreamOptions,
+    SubscriptionEvent,
+};
+
+fn batch(bodies: &[&str]) -> Batch {
+    let mut batch = Batch::new();
+    for body in bodies {
+        batch.push(&[("k", "v")], body.as_bytes()).expect("a record fits");
+    }
+    batch
+}
+
+fn bodies(records: &[net::client::Record]) -> Vec<String> {
+    records.iter().map(|r| String::from_utf8(r.body.clone()).expect("text")).collect()
+}
+
+fn verbs_in_both_formats(nova: &Nova) {
+    for (format, bucket) in [(Format::Binary, "cl-bin"), (Format::Json, "cl-json")] {
+        let client = Client::new(&nova.url).expect("url").with_format(format);
+        let mut wanted = Bucket::new(bucket);
+        wanted.create_on_append = true;
+        wanted.defaults.class = Some(StorageClass::Express);
+        let stored = client.ensure_bucket(&wanted).expect("ensure creates");
+        assert!(stored.create_on_append && stored.created_at_ms.is_some());
+        assert_eq!(stored.defaults.class, Some(StorageClass::Express));
+        assert_eq!(client.ensure_bucket(&wanted).expect("ensure again"), stored);
+        wanted.create_on_read = true;
+        assert!(client.ensure_bucket(&wanted).expect("ensure converges").create_on_read);
+        assert_eq!(client.get_bucket(bucket).expect("get").name, bucket);
+        let address = Address::parse(&format!("nova://{bucket}/orders/eu")).expect("address");
+        assert_eq!(address.key, "orders/eu");
+        let options = StreamOptions { retention_max_age_ms: Some(60_000), ..Default::default() };
+        let info = client.create_stream(&address, &options, Some("tok")).expect("create");
+        assert_eq!((info.address.clone(), info.id.len()), (address.clone(), 32));
+        client.create_stream(&address, &options, Some("tok")).expect("same token converges");
+        // Bytes of every value round trip, in JSON (base64) as in the binary framing.
+        let all: Vec<u8> = (0..=255).collect();
+        let mut odd = Batch::new();
+        odd.push(&[(all.as_slice(), all.as_slice())], &all).expect("fits");
+        let ack = client.append(&address, &odd, &Conditions::default()).expect("append");
+        assert_eq!((ack.start.seq_num, ack.end.seq_num), (0, 1));
+        let ack =
+            client.append(&address, &batch(&["a", "b"]), &Conditions::default()).expect("append");
+        assert_eq!((ack.start.seq_num, ack.end.seq_num, ack.tail.seq_num), (1, 3, 3));
+        let page = client.read(&address, &ReadOptions::default()).expect("read");
+        assert_eq!(page.records[0].body, all);
+        assert_eq!(page.records[0].headers, vec![(all.clone(), all.clone())]);
+        assert_eq!(bodies(&page.records[1..]), ["a", "b"]);
+        assert_eq!(page.records[1].headers, vec![(b"k".to_vec(), b"v".to_vec())]);
+        assert_eq!((page.next_seq_num, page.tail.seq_num), (3, 3));
+        let page = client
+            .read(&address, &ReadOptions { start: Start::TailOffset(1), ..Default::default() })
+            .expect("read");
+        assert_eq!(bodies(&page.records), ["b"]);
+        // match_seq_num: refused with the stream's next seq_num, which the error carries.
+        let stale = Conditions { match_seq_num: Some(1), ..Default::default() };
+        let refused = client.append(&address, &batch(&["x"]), &stale).expect_err("refused");
+        assert_eq!(
+            (refused.code(), refused.next_seq_num()),
+            (Some("failed_precondition"), Some(3))
+        );
+        let fresh = Conditions { match_seq_num: Some(3), ..Default::default() };
+        client.append(&address, &batch(&["c"]), &fresh).expect("matches");
+        assert_eq!(client.check_tail(&address).expect("tail").seq_num, 4);
+        client.fence(&address, "w1", None).expect("fence");
+        let fenced = Conditions { fencing_token: Some("w0".into()), ..Default::default() };
+        let refused = client.append(&address, &batch(&["x"]), &fenced).expect_err("fenced out");
+        assert_eq!(refused.code(), Some("failed_precondition"));
+        let long = Conditions { fencing_token: Some("t".repeat(37)), ..Default::default() };
+        let refused = client.append(&address, &batch(&["x"]), &long).expect_err("too long");
+        assert!(matches!(&refused, Error::Invalid(m) if m.contains("36")), "{refused}");
+        assert_eq!(client.trim(&address, Start::SeqNum(2)).expect("trim"), 2);
+        let info = client.get_stream(&address).expect("get");
+        assert_eq!((info.trim_seq_num, info.tail.map(|t| t.seq_num)), (Some(2), Some(4)));
+        let patch = StreamOptions { retention_max_age_ms: Some(0), ..Default::default() };
+        assert_eq!(
+            client
+                .reconfigure_stream(&address, &patch)
+                .expect("patch")
+                .options
+                .retention_max_age_ms,
+            Some(0)
+        );
+        let listed = client.list_streams(bucket, "orders/", None, Some(10)).expect("list");
+        assert_eq!(listed.items.len(), 1);
+        assert_eq!(listed.next, None);
+        assert!(
+            client.list_buckets(None, None).expect("list").items.iter().any(|b| b.name == bucket)
+        );
+        client.delete_stream(&address).expect("delete");
+        let missing = client.get_stream(&address).expect_err("deleted");
+        assert_eq!(missing.code(), Some("not_found"));
+        assert!(missing.to_string().contains("not_found"), "{missing}");
+    }
+    assert!(matches!(Address::parse("nova://onlybucket"), Err(Error::Invalid(_))));
+    assert!(matches!(Address::parse("s3://b/k"), Err(Error::Invalid(_))));
+    let down = Client::new("http://127.0.0.1:1").expect("url").with_attempts(2);
+    assert!(matches!(down.get_bucket("x"), Err(Error::Io { .. })));
+}
+
+fn append_session_pipelines_in_order(nova: &Nova) {
+    let client = Client::new(&nova.url).expect("url");
+    let mut bucket = Bucket::new("cl-sess");
+    bucket.create_on_append = true;
+    bucket.defaults.class = Some(StorageClass::Express);
+    client.ensure_bucket(&bucket).expect("bucket");
+    for (format, key) in [(Format::Binary, "bin"), (Format::Json, "json")] {
+        let client = Client::new(&nova.url).expect("url").with_format(format);
+        let address = Address::new("cl-sess", key);
+        const BATCHES: u64 = 300;
+        const RECORDS: u64 = 4;
+        let mut session = client.append_session(&address, 16).expect("session");
+        let mut acks = Vec::new();
+        let mut batch = Batch::new();
+        for b in 0..BATCHES {
+            batch.clear();
+            for r in 0..RECORDS {
+                batch.push::<&str, &str>(&[], format!("{b}-{r}").as_bytes()).expect("fits");
+            }
+            assert_eq!(session.submit(&batch, &Conditions::default()).expect("submit"), b);
+            assert!(session.pending() <= BATCHES as usize);
+            while let Some(ack) = session.try_recv() {
+                acks.push(ack);
+            }
+        }
+        acks.extend(session.finish());
+        assert_eq!(acks.len() as u64, BATCHES);
+        for (i, ack) in acks.iter().enumerate() {
+            assert_eq!(ack.ticket, i as u64, "acknowledged in order");
+            let ack = ack.result.as_ref().expect("appended");
+            assert_eq!(ack.start.seq_num, i as u64 * RECORDS, "batches in submission order");
+            assert_eq!(ack.end.seq_num, (i as u64 + 1) * RECORDS);
+        }
+        let page = client
+            .read(&address, &ReadOptions { count: Some(8), ..Default::default() })
+            .expect("read");
+        assert_eq!(bodies(&page.records), ["0-0", "0-1", "0-2", "0-3", "1-0", "1-1", "1-2", "1-3"]);
+    }
+    // An error answers its own batch and the session goes on.
+    let address = Address::new("cl-sess", "bin");
+    let mut session = client.append_session(&address, 4).expect("session");
+    let wrong = Conditions { match_seq_num: Some(0), ..Default::default() };
+    session.submit(&batch(&["x"]), &wrong).expect("submit");
+    session.submit(&batch(&["y"]), &Conditions::default()).expect("submit");
+    let acks = session.finish();
+    assert_eq!(acks[0].result.as_ref().expect_err("refused").next_seq_num(), Some(1200));
+    assert_eq!(acks[1].result.as_ref().expect("appended").start.seq_num, 1200);
+}
+
+fn subscriptions_follow_in_both_framings(nova: &Nova) {
+    let client = Client::new(&nova.url).expect("url");
+    let mut bucket = Bucket::new("cl-sub");
+    bucket.defaults.class = Some(StorageClass::Express);
+    client.ensure_bucket(&bucket).expect("bucket");
+    for (sse, key) in [(false, "bin"), (true, "sse")] {
+        let address = Address::new("cl-sub", key);
+        client.create_stream(&address, &StreamOptions::default(), None).expect("stream");
+        client.append(&address, &batch(&["h0", "h1"]), &Conditions::default()).expect("append");
+        let mut subscription =
+            client.subscribe(&address, &ReadOptions::default(), sse).expect("subscribe");
+        let mut seen = Vec::new();
+        while seen.len() < 2 {
+            if let SubscriptionEvent::Records { records, .. } =
+                subscription.next().expect("an event").expect("not an error")
+            {
+                seen.extend(bodies(&records));
+            }
+        }
+        std::thread::scope(|scope| {
+            scope.spawn(|| {
+                client.append(&address, &batch(&["l2"]), &Conditions::default()).expect("append");
+            });
+            let mut heartbeats = 0;
+            while seen.len() < 3 {
+                match subscription.next().expect("an event").expect("not an error") {
+                    SubscriptionEvent::Records { records, .. } => seen.extend(bodies(&records)),
+                    SubscriptionEvent::Heartbeat { tail } => {
+                        heartbeats += 1;
+                        assert!(tail.seq_num >= 2 && heartbeats < 100, "{tail:?}");
+                    }
+                }
+            }
+        });
+        assert_eq!(seen, ["h0", "h1", "l2"]);
+        assert_eq!(subscription.next_seq_num(), Some(3));
+        client.delete_stream(&address).expect("delete");
+        let end = subscription
+            .find(|event| event.is_err())
+            .expect("an error ends it")
+            .expect_err("an error");
+        assert_eq!(end.code(), Some("not_found"));
+        assert!(subscription.next().is_none());
+        // Bounded: the end after `count` records; resume after a seq_num.
+        let address = Address::new("cl-sub", format!("{key}-bounded"));
+        client.create_stream(&address, &StreamOptions::default(), None).expect("stream");
+        client
+            .append(&address, &batch(&["a", "b", "c", "d"]), &Conditions::default())
+            .expect("append");
+        let options = ReadOptions { count: Some(2), ..Default::default() };
+        let events: Vec<_> = client
+            .resume(&address, &options, sse, 0)
+            .expect("subscribe")
+            .collect::<Result<_, _>>()
+            .expect("no error");
+        let records: Vec<String> = events
+            .iter()
+            .flat_map(|e| match e {
+                SubscriptionEvent::Records { records, .. } => bodies(records),
+                SubscriptionEvent::Heartbeat { .. } => Vec::new(),
+            })
+            .collect();
+        assert_eq!(records, ["b", "c"]);
+    }
+    let past = client
+        .subscribe(&Address::new("cl-sub", "bin-bounded"), &ReadOptions::from_seq_num(99), false)
+        .err()
+        .expect("past the tail");
+    assert_eq!(past.code(), Some("out_of_range"));
+    // A long poll through the client.
+    let address = Address::new("cl-sub", "poll");
+    client.create_stream(&address, &StreamOptions::default(), None).expect("stream");
+    let page = std::thread::scope(|scope| {
+        let poll = scope.spawn(|| {
+            client.read(&address, &ReadOptions { wait_seconds: Some(30), ..Default::default() })
+        });
+        client.append(&address, &batch(&["late"]), &Conditions::default()).expect("append");
+        poll.join().expect("poll")
+    })
+    .expect("read");
+    assert_eq!(bodies(&page.records), ["late"]);
+}
+
+suite!(
+    verbs_in_both_formats,
+    append_session_pipelines_in_order,
+    subscriptions_follow_in_both_framings,
+);
