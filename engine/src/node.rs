@@ -394,7 +394,15 @@ async fn run_shard(
     glommio::spawn_local(Rc::clone(&shard).completer()).detach();
     glommio::spawn_local(Rc::clone(&shard).settler()).detach();
     glommio::spawn_local(Rc::clone(&shard).retention()).detach();
-    if let Err(error) = shard.recover_journal(entries.entries).await {
+    let owner = {
+        let client = client.clone();
+        move |id| client.owner(id)
+    };
+    let recovered = match shard.recover_journal(entries.entries).await {
+        Ok(()) => shard.adopt_retained(owner).await,
+        Err(error) => Err(error),
+    };
+    if let Err(error) = recovered {
         let _ = ready.send(Err(error));
         return;
     }

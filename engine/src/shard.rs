@@ -1014,6 +1014,26 @@ impl Shard {
         }
     }
 
+    /// At start: makes the leader of every live stream of this shard that has an age
+    /// bound, so that retention trims a stream nobody touches after a restart on time.
+    pub(crate) async fn adopt_retained(&self, owner: impl Fn(StreamId) -> usize) -> Result<()> {
+        let mut after = None;
+        loop {
+            let (records, next) = self.control.live_streams_page(after, 1000).await?;
+            for record in records {
+                let ours = owner(record.id) == self.index;
+                let known = self.streams.borrow().contains_key(&record.id);
+                if ours && !known && record.options.retention_max_age_ms > 0 {
+                    self.make_slot(&record).await?;
+                }
+            }
+            match next {
+                Some(id) => after = Some(id),
+                None => return Ok(()),
+            }
+        }
+    }
+
     /// The timestamp of the first record at or above the watermark (cached chunks only;
     /// for one that is not in memory, 0: the trim path then loads what it needs).
     fn oldest_timestamp(&self, slot: &Slot) -> u64 {

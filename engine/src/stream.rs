@@ -214,10 +214,13 @@ impl<B: ChunkStorage, L: Clone> Leader<B, L> {
             );
             assert!(pair[0].last_timestamp <= pair[1].last_timestamp, "timestamps never decrease");
         }
-        let durable = chunks.back().map_or(Tail::default(), |c| Tail {
-            seq_num: c.end_seq_num(),
-            timestamp: c.last_timestamp,
-        });
+        // With every chunk trimmed away, numbering continues at the watermark (the
+        // trimmed records' numbers are never reused).
+        let durable =
+            chunks.back().map_or(Tail { seq_num: init.trim_seq_num, timestamp: 0 }, |c| Tail {
+                seq_num: c.end_seq_num(),
+                timestamp: c.last_timestamp,
+            });
         let mut leader = Self {
             id: init.id,
             throughput: TokenBucket::new(init.options.throughput_max_bytes_per_second, init.now_ms),

@@ -621,6 +621,32 @@ fn age_retention_trims_a_quiet_stream_on_time_and_follows_reconfigure() {
     assert_eq!(first(), None);
     let tail = block_on(client.check_tail(&bucket, &key)).expect("tail");
     assert_eq!(tail.seq_num, 3, "trimming never moves the tail");
+    // After a restart, a stream nobody touches still trims on time.
+    block_on(client.append(&bucket, &key, plain(&["d"]))).expect("append");
+    drop(client);
+    node.stop();
+    let mut cfg = config(dir.path(), 1);
+    cfg.shard.retention_interval = Duration::from_millis(10);
+    let clock = {
+        let now = Arc::clone(&now);
+        move || now.load(Ordering::SeqCst)
+    };
+    let node = engine::node::Node::start_with_clock(cfg, Arc::new(clock)).expect("restart");
+    let client = node.client();
+    now.fetch_add(2_000, Ordering::SeqCst);
+    let deadline = Instant::now() + Duration::from_secs(60);
+    // Metadata only: reading the stream would make its leader and prove nothing.
+    while block_on(client.control().get_stream(&bucket, &key)).expect("get").trim_seq_num < 4 {
+        assert!(Instant::now() < deadline, "the untouched stream was not trimmed");
+        thread::sleep(Duration::from_millis(5));
+    }
+    drop(client);
+    node.stop();
+    // Everything trimmed, then a restart: numbering continues at the watermark.
+    let node = start(config(dir.path(), 1));
+    let client = node.client();
+    let ack = block_on(client.append(&bucket, &key, plain(&["e"]))).expect("append");
+    assert_eq!(ack.start.seq_num, 4, "trimmed numbers are never reused");
     drop(client);
     node.stop();
 }

@@ -763,6 +763,27 @@ impl<S: MetaStore> ControlPlane<S> {
         Err(Error::Contended { op: "set trim seq_num", attempts: ATTEMPTS_MAX })
     }
 
+    /// One page of every live stream, in ID order, after `after` (for duties that must
+    /// visit streams nobody is using, such as retention after a restart).
+    pub async fn live_streams_page(
+        &self,
+        after: Option<StreamId>,
+        limit: u32,
+    ) -> Result<(Vec<StreamRecord>, Option<StreamId>)> {
+        let start = after.map(|id| keys::stream(&id));
+        let page = self.store.scan(keys::STREAMS, start.as_deref(), limit).await?;
+        let mut records = Vec::with_capacity(page.entries.len());
+        let mut last = None;
+        for (key, found) in page.entries {
+            let row = StreamRow::decode(&found.value).map_err(|error| corrupt(&key, error))?;
+            last = Some(row.id);
+            if row.is_live() {
+                records.push(stream_record(row, found.version));
+            }
+        }
+        Ok((records, if page.more { last } else { None }))
+    }
+
     // ---- Refs: where each durable chunk is in the object store --------------------------
 
     /// Makes `refs` durable (new ones, or settled locations replacing transit ones under
