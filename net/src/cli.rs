@@ -7,7 +7,10 @@ use std::io::{BufRead, Write};
 
 use serde_json::{Value, json};
 
-use crate::client::{self, Server, encode_segment};
+use crate::client::{
+    self, Address, Batch, Client, Conditions, ReadOptions, Record, Start, SubscriptionEvent,
+    encode_segment,
+};
 
 /// The verbs, each with its usage and an example: `nova VERB --help` prints them.
 const VERBS: &[(&str, &str, &str)] = &[
@@ -78,6 +81,11 @@ fn verb_help(verb: &str) -> Option<String> {
         .iter()
         .find(|(name, ..)| *name == verb)
         .map(|(_, line, example)| format!("usage: {line}\n\nexample:\n  {example}\n"))
+}
+
+/// A failed call: the server's `code: message`, or why it could not be reached.
+fn failed(error: client::Error) -> Failure {
+    Failure::Failed(error.to_string())
 }
 
 /// A usage mistake (exit 2) or a failed call (exit 1).
@@ -231,31 +239,13 @@ pub fn duration_ms(text: &str) -> Result<u64, String> {
 }
 
 struct Session {
-    server: Server,
+    client: Client,
     json: bool,
 }
 
 impl Session {
     fn call(&self, method: &str, path: &str, body: Option<&Value>) -> Result<Value, Failure> {
-        let text = body.map(Value::to_string);
-        let response =
-            client::request(&self.server, method, path, &[], text.as_deref().map(str::as_bytes))
-                .map_err(|e| {
-                    Failure::Failed(format!(
-                        "cannot reach the server at {}: {e}",
-                        self.server.authority
-                    ))
-                })?;
-        if !(200..300).contains(&response.status) {
-            let error = response.json();
-            return Err(Failure::Failed(
-                match (error["code"].as_str(), error["message"].as_str()) {
-                    (Some(code), Some(message)) => format!("{code}: {message}"),
-                    _ => format!("HTTP {}: {}", response.status, response.text()),
-                },
-            ));
-        }
-        Ok(if response.body.is_empty() { Value::Null } else { response.json() })
+        self.client.call_json(method, path, body).map_err(failed)
     }
 
     /// Prints an answer: JSON as is with `--json`, else `people`.
@@ -318,8 +308,8 @@ fn run(args: Vec<String>) -> Outcome {
         .map(str::to_owned)
         .or_else(|| std::env::var("NOVA_SERVER").ok())
         .unwrap_or_else(|| "http://127.0.0.1:8080".to_owned());
-    let session =
-        Session { server: Server::parse(&url).map_err(usage_error)?, json: args.has("json") };
+    let client = Client::new(&url).map_err(|e| usage_error(e.to_string()))?;
+    let session = Session { client, json: args.has("json") };
     let rest: Vec<&str> = match verb.as_slice() {
         ["bucket" | "stream", _, rest @ ..] => rest.to_vec(),
         [_, rest @ ..] => rest.to_vec(),
@@ -536,12 +526,12 @@ fn run(args: Vec<String>) -> Outcome {
         "append" => {
             args.only(&["batch", "header", "match-seq-num", "fencing-token"])?;
             let (bucket, key) = address(one("address")?, true)?;
-            append(&session, &stream_path(&bucket, &key.unwrap_or_default()), &args)
+            append(&session, &Address::new(bucket, key.unwrap_or_default()), &args)
         }
         "read" => {
             args.only(&["from-seq", "from-time", "tail-offset", "count", "follow"])?;
             let (bucket, key) = address(one("address")?, true)?;
-            read(&session, &stream_path(&bucket, &key.unwrap_or_default()), &args)
+            read(&session, &Address::new(bucket, key.unwrap_or_default()), &args)
         }
         "tail" => {
             args.only(&[])?;
@@ -608,156 +598,338 @@ fn options_body(args: &Args) -> Result<Value, Failure> {
     Ok(body)
 }
 
-fn append(session: &Session, path: &str, args: &Args) -> Outcome {
-    let batch = usize::try_from(args.number("batch")?.unwrap_or(1000).max(1)).unwrap_or(1000);
-    let mut headers = Vec::new();
-    for header in args.values("header") {
-        let (name, value) = header
-            .split_once('=')
-            .ok_or_else(|| usage_error(format!("--header {header:?} must be name=value")))?;
-        headers.push(json!([name, value]));
+/// Batches in flight on the append session of `nova append`.
+const APPEND_IN_FLIGHT_MAX: usize = 8;
+/// Records in a batch unless `--batch` says otherwise.
+const APPEND_BATCH_DEFAULT: u64 = 1000;
+/// The largest `--batch` (limits.md: a batch holds at most this many records).
+const APPEND_BATCH_MAX: u64 = engine::limits::BATCH_RECORDS_MAX as u64;
+
+/// `nova append`: stdin lines become records, `--batch` per batch, pipelined on one
+/// append session; a progress line on stderr when it is a terminal.
+fn append(session: &Session, address: &Address, args: &Args) -> Outcome {
+    let batch_records = args.number("batch")?.unwrap_or(APPEND_BATCH_DEFAULT);
+    if !(1..=APPEND_BATCH_MAX).contains(&batch_records) {
+        return Err(usage_error(format!(
+            "--batch must be 1 to {APPEND_BATCH_MAX} records, not {batch_records}"
+        )));
     }
-    let mut match_seq_num = args.number("match-seq-num")?;
-    let token = args.value("fencing-token");
-    let stdin = std::io::stdin();
-    let mut lines = stdin.lock().lines();
-    let mut appended = 0u64;
-    let mut last = Value::Null;
-    loop {
-        let mut records = Vec::with_capacity(batch);
-        for line in lines.by_ref() {
-            let line = line.map_err(|e| Failure::Failed(format!("reading stdin: {e}")))?;
-            records.push(json!({"body": line, "headers": headers}));
-            if records.len() == batch {
-                break;
+    let mut headers: Vec<(String, String)> = Vec::new();
+    for header in args.values("header") {
+        match header.split_once('=') {
+            Some((name, value)) if !name.is_empty() => {
+                headers.push((name.to_owned(), value.to_owned()));
+            }
+            _ => {
+                return Err(usage_error(format!(
+                    "--header {header:?} must be name=value with a non-empty name"
+                )));
             }
         }
-        if records.is_empty() {
+    }
+    let mut match_seq_num = args.number("match-seq-num")?;
+    let fencing_token = args.value("fencing-token").map(str::to_owned);
+    let mut appender =
+        session.client.append_session(address, APPEND_IN_FLIGHT_MAX).map_err(failed)?;
+    let mut progress = Progress::start();
+    let stdin = std::io::stdin();
+    let mut input = stdin.lock();
+    let mut line = Vec::new();
+    let mut batch = Batch::new();
+    let mut last = None;
+    let mut appended = 0u64;
+    let mut take = |ack: client::SessionAck, progress: &mut Progress| -> Outcome {
+        let ack = ack.result.map_err(failed)?;
+        appended += ack.end.seq_num - ack.start.seq_num;
+        progress.acked(appended);
+        if session.json {
+            println!(
+                "{}",
+                json!({"start": position(ack.start), "end": position(ack.end), "tail": position(ack.tail)})
+            );
+        }
+        last = Some(ack);
+        Ok(())
+    };
+    loop {
+        line.clear();
+        let read = input
+            .read_until(b'\n', &mut line)
+            .map_err(|e| Failure::Failed(format!("reading stdin: {e}")))?;
+        if read > 0 {
+            progress.read(read as u64);
+            let body = line.strip_suffix(b"\n").unwrap_or(&line);
+            let body = body.strip_suffix(b"\r").unwrap_or(body);
+            batch.push(&headers, body).map_err(|e| usage_error(e.to_string()))?;
+        }
+        let full = batch.len() as u64 == batch_records;
+        if (full || read == 0) && !batch.is_empty() {
+            let conditions = Conditions { match_seq_num, fencing_token: fencing_token.clone() };
+            appender.submit(&batch, &conditions).map_err(failed)?;
+            // A conditional append continues where the previous batch ends.
+            match_seq_num = match_seq_num.map(|n| n + batch.len() as u64);
+            batch.clear();
+            while let Some(ack) = appender.try_recv() {
+                take(ack, &mut progress)?;
+            }
+        }
+        if read == 0 {
             break;
         }
-        let count = records.len() as u64;
-        let mut body = json!({"records": records});
-        if let Some(n) = match_seq_num {
-            body["match_seq_num"] = json!(n);
-        }
-        if let Some(token) = token {
-            body["fencing_token"] = json!(token);
-        }
-        last = session.call("POST", &format!("{path}/records"), Some(&body))?;
-        appended += count;
-        // A conditional append continues where the last batch ended.
-        match_seq_num = match_seq_num.and(last["end"]["seq_num"].as_u64());
-        if session.json {
-            println!("{last}");
-        } else if atty_stderr() {
-            eprint!("\rappended {appended} records");
-        }
     }
+    for ack in appender.finish() {
+        take(ack, &mut progress)?;
+    }
+    progress.done();
     if !session.json {
-        if atty_stderr() {
-            eprintln!();
-        }
-        println!("appended {appended} records; {}", tail_text(&last["tail"]));
+        let tail = last.map_or(json!(null), |ack| position(ack.tail));
+        println!("appended {appended} records; {}", tail_text(&tail));
     }
     Ok(())
 }
 
-/// Whether stderr is a terminal (progress goes there only then).
-fn atty_stderr() -> bool {
-    use std::io::IsTerminal as _;
-    std::io::stderr().is_terminal()
+fn position(position: client::Position) -> Value {
+    json!({"seq_num": position.seq_num, "timestamp": position.timestamp})
 }
 
-fn read(session: &Session, path: &str, args: &Args) -> Outcome {
-    let mut query = Vec::new();
-    for (flag, param) in
-        [("from-seq", "seq_num"), ("tail-offset", "tail_offset"), ("count", "count")]
-    {
-        if let Some(n) = args.number(flag)? {
-            query.push(format!("{param}={n}"));
+/// The progress line of a long `nova append`, on stderr only when it is a terminal:
+/// records acknowledged, bytes read (of the input's size when stdin is a file), rate.
+struct Progress {
+    shown: bool,
+    started: std::time::Instant,
+    last_drawn: std::time::Instant,
+    read_bytes: u64,
+    total_bytes: Option<u64>,
+    acked: u64,
+}
+
+impl Progress {
+    fn start() -> Self {
+        use std::io::IsTerminal as _;
+        let now = std::time::Instant::now();
+        let total_bytes = std::fs::metadata("/dev/stdin")
+            .ok()
+            .filter(std::fs::Metadata::is_file)
+            .map(|m| m.len());
+        Self {
+            shown: std::io::stderr().is_terminal(),
+            started: now,
+            last_drawn: now,
+            read_bytes: 0,
+            total_bytes,
+            acked: 0,
         }
+    }
+
+    fn read(&mut self, bytes: u64) {
+        self.read_bytes += bytes;
+    }
+
+    fn acked(&mut self, records: u64) {
+        self.acked = records;
+        if self.shown && self.last_drawn.elapsed() >= std::time::Duration::from_millis(100) {
+            self.draw();
+        }
+    }
+
+    fn draw(&mut self) {
+        self.last_drawn = std::time::Instant::now();
+        let seconds = self.started.elapsed().as_secs_f64().max(1e-3);
+        let rate = self.acked as f64 / seconds;
+        let bar = match self.total_bytes.filter(|t| *t > 0) {
+            Some(total) => {
+                let done = (self.read_bytes.min(total) * 30 / total) as usize;
+                format!(
+                    "[{}{}] {:>3}% ",
+                    "#".repeat(done),
+                    " ".repeat(30 - done),
+                    self.read_bytes.min(total) * 100 / total
+                )
+            }
+            None => String::new(),
+        };
+        eprint!(
+            "\r{bar}{} records appended, {:.1} MB read, {rate:.0} records/s ",
+            self.acked,
+            self.read_bytes as f64 / 1e6
+        );
+    }
+
+    fn done(&mut self) {
+        if self.shown && self.acked > 0 {
+            self.draw();
+            eprintln!();
+        }
+    }
+}
+
+/// `--from-time`: milliseconds since the epoch, or RFC 3339 (`2026-05-01T12:00:00Z`,
+/// `2026-05-01T14:00:00.250+02:00`).
+pub fn time_ms(text: &str) -> Result<u64, String> {
+    if let Ok(ms) = text.parse::<u64>() {
+        return Ok(ms);
+    }
+    let bad = || {
+        format!(
+            "--from-time must be milliseconds since the epoch or RFC 3339 like 2026-05-01T12:00:00Z, not {text:?}"
+        )
+    };
+    let b = text.as_bytes();
+    if b.len() < 20
+        || b[4] != b'-'
+        || b[7] != b'-'
+        || !matches!(b[10], b'T' | b't' | b' ')
+        || b[13] != b':'
+        || b[16] != b':'
+    {
+        return Err(bad());
+    }
+    let num = |range: std::ops::Range<usize>| -> Result<i64, String> {
+        let part = text.get(range).ok_or_else(bad)?;
+        if part.bytes().all(|c| c.is_ascii_digit()) {
+            part.parse().map_err(|_| bad())
+        } else {
+            Err(bad())
+        }
+    };
+    let (year, month, day) = (num(0..4)?, num(5..7)?, num(8..10)?);
+    let (hour, minute, second) = (num(11..13)?, num(14..16)?, num(17..19)?);
+    if !(1..=12).contains(&month)
+        || !(1..=31).contains(&day)
+        || hour > 23
+        || minute > 59
+        || second > 60
+    {
+        return Err(bad());
+    }
+    let mut rest = &text[19..];
+    let mut millis = 0i64;
+    if let Some(fraction) = rest.strip_prefix('.') {
+        let digits = fraction.bytes().take_while(u8::is_ascii_digit).count();
+        if digits == 0 {
+            return Err(bad());
+        }
+        let padded = format!("{:0<3}", &fraction[..digits.min(3)]);
+        millis = padded.parse().map_err(|_| bad())?;
+        rest = &fraction[digits..];
+    }
+    let offset_minutes = match rest {
+        "Z" | "z" => 0,
+        _ if rest.len() == 6
+            && (rest.starts_with('+') || rest.starts_with('-'))
+            && &rest[3..4] == ":" =>
+        {
+            let sign = if rest.starts_with('-') { -1 } else { 1 };
+            let hours: i64 = rest[1..3].parse().map_err(|_| bad())?;
+            let minutes: i64 = rest[4..6].parse().map_err(|_| bad())?;
+            sign * (hours * 60 + minutes)
+        }
+        _ => return Err(bad()),
+    };
+    // Days from the civil date (Howard Hinnant's algorithm).
+    let y = if month <= 2 { year - 1 } else { year };
+    let era = y.div_euclid(400);
+    let yoe = y - era * 400;
+    let mp = (month + 9) % 12;
+    let doy = (153 * mp + 2) / 5 + day - 1;
+    let doe = yoe * 365 + yoe / 4 - yoe / 100 + doy;
+    let days = era * 146_097 + doe - 719_468;
+    let seconds = days * 86_400 + hour * 3600 + minute * 60 + second - offset_minutes * 60;
+    let ms = seconds * 1000 + millis;
+    u64::try_from(ms).map_err(|_| format!("--from-time {text:?} is before 1970"))
+}
+
+/// A record for people (its body, as is) or as JSON (`--json`: text when UTF-8, else
+/// `body_base64`; nova never alters a byte).
+fn print_records(session: &Session, records: &[Record]) {
+    use base64::Engine as _;
+    let mut out = std::io::stdout().lock();
+    for record in records {
+        let _ = if session.json {
+            let text = |bytes: &[u8]| std::str::from_utf8(bytes).ok().map(str::to_owned);
+            let mut value = json!({"seq_num": record.seq_num, "timestamp": record.timestamp});
+            match text(&record.body) {
+                Some(body) => value["body"] = json!(body),
+                None => {
+                    value["body_base64"] =
+                        json!(base64::engine::general_purpose::STANDARD.encode(&record.body));
+                }
+            }
+            let headers: Vec<Value> = record
+                .headers
+                .iter()
+                .map(|(n, v)| json!([String::from_utf8_lossy(n), String::from_utf8_lossy(v)]))
+                .collect();
+            value["headers"] = json!(headers);
+            writeln!(out, "{value}")
+        } else {
+            out.write_all(&record.body).and_then(|()| out.write_all(b"\n"))
+        };
+    }
+    let _ = out.flush();
+}
+
+fn read(session: &Session, address: &Address, args: &Args) -> Outcome {
+    let mut starts = Vec::new();
+    if let Some(n) = args.number("from-seq")? {
+        starts.push(Start::SeqNum(n));
     }
     if let Some(time) = args.value("from-time") {
-        let ms: u64 = time
-            .parse()
-            .map_err(|_| usage_error(format!("--from-time must be milliseconds, not {time:?}")))?;
-        query.push(format!("timestamp={ms}"));
+        starts.push(Start::Timestamp(time_ms(time).map_err(usage_error)?));
     }
-    let print = |records: &Value| {
-        let mut out = std::io::stdout().lock();
-        for record in records.as_array().into_iter().flatten() {
-            let _ = if session.json {
-                writeln!(out, "{record}")
-            } else {
-                writeln!(out, "{}", record["body"].as_str().unwrap_or(""))
-            };
-        }
-        let _ = out.flush();
+    if let Some(k) = args.number("tail-offset")? {
+        starts.push(Start::TailOffset(k));
+    }
+    let start = match starts.as_slice() {
+        [] => Start::SeqNum(0),
+        [one] => *one,
+        _ => return Err(usage_error("read takes one of --from-seq, --from-time, --tail-offset")),
     };
+    let count = args.number("count")?;
+    if count == Some(0) {
+        return Err(usage_error("--count must be at least 1"));
+    }
+    let options = ReadOptions { start, count, ..ReadOptions::default() };
     if args.has("follow") {
-        let target = format!("{path}/records?{}", query.join("&"));
-        let mut stream = client::open(
-            &session.server,
-            "GET",
-            &target,
-            &[("accept", "text/event-stream")],
-            None,
-            None,
-        )
-        .map_err(|e| {
-            Failure::Failed(format!("cannot reach the server at {}: {e}", session.server.authority))
-        })?;
-        if stream.status != 200 {
-            let response = stream.finish().map_err(|e| Failure::Failed(e.to_string()))?;
-            let error = response.json();
-            return Err(Failure::Failed(format!(
-                "{}: {}",
-                error["code"].as_str().unwrap_or("error"),
-                error["message"].as_str().unwrap_or("")
-            )));
-        }
-        while let Some(event) =
-            client::next_event(&mut stream.body).map_err(|e| Failure::Failed(e.to_string()))?
-        {
-            let data: Value = serde_json::from_str(&event.data).unwrap_or(Value::Null);
-            match event.event.as_str() {
-                "batch" => print(&data["records"]),
-                "end" => return Ok(()),
-                "error" => {
-                    return Err(Failure::Failed(format!(
-                        "{}: {}",
-                        data["code"].as_str().unwrap_or("error"),
-                        data["message"].as_str().unwrap_or("")
-                    )));
-                }
-                _ => {}
+        let subscription = session.client.subscribe(address, &options, false).map_err(failed)?;
+        for event in subscription {
+            if let SubscriptionEvent::Records { records, .. } = event.map_err(failed)? {
+                print_records(session, &records);
             }
         }
         return Ok(());
     }
-    let count = args.number("count")?;
+    let mut options = options;
     let mut delivered = 0u64;
     loop {
-        let page = session.call("GET", &format!("{path}/records?{}", query.join("&")), None)?;
-        print(&page["records"]);
-        delivered += page["records"].as_array().map_or(0, |r| r.len() as u64);
-        let next = page["next_seq_num"].as_u64().unwrap_or(0);
-        let at_tail = Some(next) == page["tail"]["seq_num"].as_u64();
-        if at_tail
+        let page = session.client.read(address, &options).map_err(failed)?;
+        print_records(session, &page.records);
+        delivered += page.records.len() as u64;
+        let done = page.next_seq_num >= page.tail.seq_num
             || count.is_some_and(|c| delivered >= c)
-            || page["records"].as_array().is_none_or(Vec::is_empty)
-        {
+            || page.records.is_empty();
+        if done {
             return Ok(());
         }
-        query.retain(|q| {
-            !q.starts_with("seq_num=")
-                && !q.starts_with("timestamp=")
-                && !q.starts_with("tail_offset=")
-                && !q.starts_with("count=")
-        });
-        query.push(format!("seq_num={next}"));
-        if let Some(c) = count {
-            query.push(format!("count={}", c - delivered));
+        options.start = Start::SeqNum(page.next_seq_num);
+        options.count = count.map(|c| c - delivered);
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::time_ms;
+
+    #[test]
+    fn from_time_takes_milliseconds_and_rfc_3339() {
+        assert_eq!(time_ms("1700000000000"), Ok(1_700_000_000_000));
+        assert_eq!(time_ms("1970-01-01T00:00:00Z"), Ok(0));
+        assert_eq!(time_ms("2023-11-14T22:13:20Z"), Ok(1_700_000_000_000));
+        assert_eq!(time_ms("2023-11-14T23:13:20.25+01:00"), Ok(1_700_000_000_250));
+        assert_eq!(time_ms("2024-02-29T00:00:00.123456Z"), Ok(1_709_164_800_123));
+        for bad in ["yesterday", "2023-13-01T00:00:00Z", "2023-11-14T22:13:20", "2023-11-14"] {
+            let error = time_ms(bad).expect_err(bad);
+            assert!(error.contains("--from-time") && error.contains(bad), "{error}");
         }
     }
 }

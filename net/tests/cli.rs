@@ -163,3 +163,65 @@ fn serve_refuses_s3_flags_it_cannot_use() {
         assert!(stderr.contains(named), "{flags:?}: {stderr}");
     }
 }
+
+#[test]
+fn append_takes_headers_and_batches_and_read_takes_rfc_3339() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let server = Nova::start(dir.path());
+    ok(
+        &server,
+        &["bucket", "create", "hdr", "--create-on-append", "--default-class", "express"],
+        None,
+    );
+    let lines: String = (0..25).map(|i| format!("line{i}\n")).collect();
+    let out = ok(
+        &server,
+        &[
+            "--json",
+            "append",
+            "nova://hdr/s",
+            "--batch",
+            "10",
+            "--header",
+            "app=cli",
+            "--header",
+            "v=1",
+        ],
+        Some(&lines),
+    );
+    let acks: Vec<Value> = out.lines().map(|l| serde_json::from_str(l).expect("json")).collect();
+    let ranges: Vec<(u64, u64)> = acks
+        .iter()
+        .map(|a| {
+            (
+                a["start"]["seq_num"].as_u64().expect("start"),
+                a["end"]["seq_num"].as_u64().expect("end"),
+            )
+        })
+        .collect();
+    assert_eq!(ranges, [(0, 10), (10, 20), (20, 25)], "batches of --batch records, in order");
+    let out = ok(
+        &server,
+        &["--json", "read", "nova://hdr/s", "--from-time", "1970-01-01T00:00:00Z", "--count", "1"],
+        None,
+    );
+    let record: Value = serde_json::from_str(out.trim()).expect("json");
+    assert_eq!(record["body"], "line0");
+    assert_eq!(record["headers"], serde_json::json!([["app", "cli"], ["v", "1"]]));
+    let out = ok(&server, &["read", "nova://hdr/s", "--from-seq", "23"], None);
+    assert_eq!(out, "line23\nline24\n");
+    for (args, named) in [
+        (&["append", "nova://hdr/s", "--batch", "0"][..], "--batch must be 1 to 100000"),
+        (&["append", "nova://hdr/s", "--header", "novalue"][..], "--header \"novalue\""),
+        (&["read", "nova://hdr/s", "--from-time", "noon"][..], "--from-time"),
+    ] {
+        let out = nova_cli(&server, args, Some("x\n"));
+        let stderr = String::from_utf8_lossy(&out.stderr);
+        assert_eq!(out.status.code(), Some(2), "{args:?}: {stderr}");
+        assert!(stderr.contains(named), "{args:?}: {stderr}");
+    }
+    // The server's refusal, non-zero with its message.
+    let out = nova_cli(&server, &["append", "nova://hdr/s", "--match-seq-num", "3"], Some("x\n"));
+    assert_eq!(out.status.code(), Some(1));
+    assert!(String::from_utf8_lossy(&out.stderr).contains("failed_precondition"));
+}
