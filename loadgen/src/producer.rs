@@ -1,0 +1,370 @@
+//! A producer thread: it owns some streams, one append session per connection of each
+//! (pipelined on a keep-alive connection, acknowledged in order), and sends batches on
+//! the schedule (open loop) or as acknowledgements free a slot (closed loop).
+//!
+//! Ack latency is the acknowledgement's arrival on the session's reader thread minus the
+//! batch's intended send time: a batch sent late because the session was full or the
+//! thread was behind carries that delay in its latency.
+
+use std::collections::VecDeque;
+use std::sync::atomic::Ordering;
+use std::time::{Duration, Instant};
+
+use hdrhistogram::Histogram;
+use net::client::{Address, AppendSession, Batch, Client, Conditions, SessionAck};
+
+use crate::config::{Load, RecordBytes};
+use crate::payload::{self, Payload};
+use crate::run::Shared;
+use crate::stats::Series;
+use crate::verify::Ledger;
+
+/// A stream of the run.
+#[derive(Clone, Debug)]
+pub struct StreamSpec {
+    pub number: u32,
+    pub address: Address,
+    /// The stream's tail when the run started: its records start here.
+    pub base_seq: u64,
+}
+
+/// What a producer brings back.
+pub struct ProducerOutcome {
+    pub ack: Histogram<u64>,
+    pub ledgers: Vec<(StreamSpec, Ledger)>,
+    /// Acknowledged in the measured window (by acknowledgement time).
+    pub measured_records: u64,
+    pub measured_bytes: u64,
+    pub sent_batches: u64,
+    pub acked_batches: u64,
+    pub failed_batches: u64,
+    /// Batches the schedule called for before the end that were never sent (open loop).
+    pub unsent_batches: u64,
+    pub errors: Vec<String>,
+}
+
+struct InFlight {
+    ticket: u64,
+    intended: Instant,
+    submitted: Instant,
+    index: u64,
+    count: u64,
+    bytes: u64,
+    digests: Vec<u64>,
+}
+
+struct Lane {
+    session: Option<AppendSession>,
+    in_flight: VecDeque<InFlight>,
+}
+
+struct StreamState {
+    spec: StreamSpec,
+    lanes: Vec<Lane>,
+    next_lane: usize,
+    next_due: Instant,
+    next_index: u64,
+    ledger: Ledger,
+    /// Stopped after its session could not be reopened.
+    dead: bool,
+}
+
+const ERRORS_KEPT: usize = 5;
+
+struct Producer<'a> {
+    shared: &'a Shared,
+    client: &'a Client,
+    series: Series<'a>,
+    batch: Batch,
+    body: Vec<u8>,
+    filler: Vec<u8>,
+    rng: u64,
+    out: ProducerOutcome,
+}
+
+pub fn run(shared: &Shared, client: &Client, specs: Vec<StreamSpec>, seed: u64) -> ProducerOutcome {
+    let config = &shared.config;
+    let clock = shared.clock;
+    let mut p = Producer {
+        shared,
+        client,
+        series: Series::new(&shared.ack_intervals),
+        batch: Batch::new(),
+        body: Vec::with_capacity(config.record_bytes.max()),
+        filler: payload::filler(config.record_bytes.max()),
+        rng: seed.wrapping_mul(0x9e37_79b9_7f4a_7c15) | 1,
+        out: ProducerOutcome {
+            ack: crate::stats::histogram(),
+            ledgers: Vec::new(),
+            measured_records: 0,
+            measured_bytes: 0,
+            sent_batches: 0,
+            acked_batches: 0,
+            failed_batches: 0,
+            unsent_batches: 0,
+            errors: Vec::new(),
+        },
+    };
+    // Each stream sends a batch every `interval`; streams start spread over one interval.
+    let interval = match config.load {
+        Load::Open { records_per_second } => Duration::from_secs_f64(
+            config.streams as f64 * config.batch as f64 / records_per_second,
+        ),
+        Load::Closed => Duration::ZERO,
+    };
+    let mut streams: Vec<StreamState> = specs
+        .into_iter()
+        .map(|spec| {
+            let phase = interval.mul_f64(f64::from(spec.number) / config.streams as f64);
+            let mut lanes = Vec::new();
+            let mut dead = false;
+            for _ in 0..config.connections {
+                match client.append_session(&spec.address, config.in_flight) {
+                    Ok(session) => {
+                        lanes.push(Lane { session: Some(session), in_flight: VecDeque::new() })
+                    }
+                    Err(e) => {
+                        p.error(format!("{}: open an append session: {e}", spec.address));
+                        dead = true;
+                    }
+                }
+            }
+            StreamState {
+                ledger: Ledger::new(spec.base_seq),
+                spec,
+                lanes,
+                next_lane: 0,
+                next_due: clock.start + phase,
+                next_index: 0,
+                dead,
+            }
+        })
+        .collect();
+
+    match config.load {
+        Load::Open { .. } => {
+            p.open_loop(&mut streams, interval);
+            p.out.unsent_batches = streams
+                .iter()
+                .filter(|s| !s.dead)
+                .map(|s| unsent(s.next_due, clock.end, interval))
+                .sum();
+        }
+        Load::Closed => p.closed_loop(&mut streams),
+    }
+    // Sending is over: wait for every acknowledgement.
+    for s in &mut streams {
+        for lane in 0..s.lanes.len() {
+            while let Some(ack) = s.lanes[lane].session.as_mut().and_then(AppendSession::recv) {
+                p.on_ack(s, lane, ack);
+            }
+        }
+    }
+    p.out.ack = p.series.finish();
+    p.out.ledgers = streams.into_iter().map(|s| (s.spec, s.ledger)).collect();
+    p.out
+}
+
+impl Producer<'_> {
+    fn error(&mut self, text: String) {
+        self.shared.errors.fetch_add(1, Ordering::Relaxed);
+        if self.out.errors.len() < ERRORS_KEPT {
+            self.out.errors.push(text);
+        }
+    }
+
+    fn open_loop(&mut self, streams: &mut [StreamState], interval: Duration) {
+        let end = self.shared.clock.end;
+        loop {
+            let Some(i) = (0..streams.len())
+                .filter(|&i| !streams[i].dead)
+                .min_by_key(|&i| streams[i].next_due)
+            else {
+                return;
+            };
+            let due = streams[i].next_due;
+            if due >= end {
+                return;
+            }
+            // Wait for the schedule, collecting acknowledgements meanwhile (their times
+            // were taken on arrival, so collecting late changes no figure).
+            loop {
+                self.drain(streams);
+                let now = Instant::now();
+                if now >= due {
+                    break;
+                }
+                std::thread::sleep((due - now).min(Duration::from_millis(20)));
+            }
+            self.send(&mut streams[i], due);
+            streams[i].next_due += interval;
+        }
+    }
+
+    fn closed_loop(&mut self, streams: &mut [StreamState]) {
+        let end = self.shared.clock.end;
+        let in_flight = self.shared.config.in_flight;
+        loop {
+            let mut live = false;
+            for s in streams.iter_mut().filter(|s| !s.dead) {
+                live = true;
+                for lane in 0..s.lanes.len() {
+                    while s.lanes[lane].in_flight.len() < in_flight && Instant::now() < end {
+                        s.next_lane = lane;
+                        self.send(s, Instant::now());
+                    }
+                    if Instant::now() >= end {
+                        return;
+                    }
+                    // One acknowledgement frees one slot.
+                    if let Some(ack) = s.lanes[lane].session.as_mut().and_then(AppendSession::recv)
+                    {
+                        self.on_ack(s, lane, ack);
+                    }
+                }
+            }
+            if !live {
+                return;
+            }
+        }
+    }
+
+    fn drain(&mut self, streams: &mut [StreamState]) {
+        for s in streams.iter_mut() {
+            for lane in 0..s.lanes.len() {
+                while let Some(ack) =
+                    s.lanes[lane].session.as_mut().and_then(AppendSession::try_recv)
+                {
+                    self.on_ack(s, lane, ack);
+                }
+            }
+        }
+    }
+
+    fn record_len(&mut self) -> usize {
+        match self.shared.config.record_bytes {
+            RecordBytes::Fixed(n) => n,
+            RecordBytes::Uniform { min, max } => {
+                // xorshift64*: enough for a size draw, and seeded so a run repeats.
+                self.rng ^= self.rng >> 12;
+                self.rng ^= self.rng << 25;
+                self.rng ^= self.rng >> 27;
+                let r = self.rng.wrapping_mul(0x2545_f491_4f6c_dd1d);
+                min + (r % (max - min + 1) as u64) as usize
+            }
+        }
+    }
+
+    /// Frames and submits the stream's next batch, intended for `intended`.
+    fn send(&mut self, s: &mut StreamState, intended: Instant) {
+        let verify = self.shared.config.verify;
+        let sent_unix_ns = self.shared.clock.unix_ns(intended);
+        self.batch.clear();
+        let mut digests = Vec::new();
+        let mut bytes = 0u64;
+        let index = s.next_index;
+        for i in 0..self.shared.config.batch as u64 {
+            let len = self.record_len();
+            let p = Payload { stream: s.spec.number, index: index + i, sent_unix_ns };
+            p.write(len, &self.filler, &mut self.body);
+            if verify {
+                digests.push(payload::digest(&self.body));
+            }
+            bytes += len as u64;
+            if let Err(e) = self.batch.push::<&[u8], &[u8]>(&[], &self.body) {
+                self.error(format!("{}: frame a record: {e}", s.spec.address));
+                s.dead = true;
+                return;
+            }
+        }
+        let count = self.batch.len() as u64;
+        let lane_no = s.next_lane;
+        s.next_lane = (s.next_lane + 1) % s.lanes.len().max(1);
+        let Some(session) = s.lanes.get_mut(lane_no).and_then(|l| l.session.as_mut()) else {
+            s.dead = true;
+            return;
+        };
+        let submitted = Instant::now();
+        match session.submit(&self.batch, &Conditions::default()) {
+            Ok(ticket) => {
+                s.next_index += count;
+                s.ledger.sent = s.next_index;
+                self.out.sent_batches += 1;
+                s.lanes[lane_no].in_flight.push_back(InFlight {
+                    ticket,
+                    intended,
+                    submitted,
+                    index,
+                    count,
+                    bytes,
+                    digests,
+                });
+            }
+            Err(e) => {
+                // The session is closed: collect what it still answers, then reopen.
+                self.error(format!("{}: submit: {e}", s.spec.address));
+                if let Some(old) = s.lanes[lane_no].session.take() {
+                    for ack in old.finish() {
+                        self.on_ack(s, lane_no, ack);
+                    }
+                }
+                match self.client.append_session(&s.spec.address, self.shared.config.in_flight) {
+                    Ok(session) => s.lanes[lane_no].session = Some(session),
+                    Err(e) => {
+                        self.error(format!("{}: reopen the append session: {e}", s.spec.address));
+                        s.dead = true;
+                    }
+                }
+            }
+        }
+    }
+
+    fn on_ack(&mut self, s: &mut StreamState, lane: usize, ack: SessionAck) {
+        let Some(f) = s.lanes[lane].in_flight.pop_front() else {
+            self.error(format!("{}: an acknowledgement nothing was waiting for", s.spec.address));
+            return;
+        };
+        debug_assert_eq!(f.ticket, ack.ticket, "a session acknowledges in submission order");
+        let clock = self.shared.clock;
+        let arrival = f.submitted + ack.latency;
+        match ack.result {
+            Ok(a) => {
+                let latency = arrival.saturating_duration_since(f.intended);
+                self.series.record(
+                    clock.second(f.intended),
+                    latency.as_micros() as u64,
+                    clock.measured(f.intended),
+                );
+                self.shared.timeline.acked(clock.second(arrival), f.count, f.bytes);
+                self.shared.acked_records.fetch_add(f.count, Ordering::Relaxed);
+                self.out.acked_batches += 1;
+                if clock.measured(arrival) {
+                    self.out.measured_records += f.count;
+                    self.out.measured_bytes += f.bytes;
+                }
+                if a.end.seq_num.saturating_sub(a.start.seq_num) != f.count {
+                    self.error(format!(
+                        "{}: a batch of {} records was acknowledged as seq_nums {}..{}",
+                        s.spec.address, f.count, a.start.seq_num, a.end.seq_num
+                    ));
+                }
+                let digests =
+                    if f.digests.is_empty() { vec![0; f.count as usize] } else { f.digests };
+                s.ledger.acked(a.start.seq_num, f.index, digests);
+            }
+            Err(e) => {
+                self.out.failed_batches += 1;
+                s.ledger.failed(f.count);
+                self.error(format!("{}: append: {e}", s.spec.address));
+            }
+        }
+    }
+}
+
+/// Batches a stream's schedule called for before `end` that were not sent.
+pub fn unsent(next_due: Instant, end: Instant, interval: Duration) -> u64 {
+    if interval.is_zero() || next_due >= end {
+        return 0;
+    }
+    ((end - next_due).as_secs_f64() / interval.as_secs_f64()).ceil() as u64
+}

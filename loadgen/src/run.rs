@@ -1,0 +1,337 @@
+//! One run, start to end: the target, the streams, producers and followers, the final
+//! tails, the read-back, and the outcome the reports are made from.
+
+use std::io::{IsTerminal, Write as _};
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
+
+use hdrhistogram::Histogram;
+use net::client::{Address, Bucket, Client, StreamOptions};
+
+use crate::Clock;
+use crate::config::{Config, Target};
+use crate::consumer::{self, ConsumerOutcome, ReadBack};
+use crate::producer::{self, ProducerOutcome, StreamSpec};
+use crate::spawn::{self, Spawned};
+use crate::stats::{Intervals, Timeline};
+use crate::verify::{Checker, Verdict};
+
+/// What every worker shares.
+pub struct Shared {
+    pub config: Arc<Config>,
+    pub clock: Clock,
+    pub timeline: Timeline,
+    pub ack_intervals: Intervals,
+    pub e2e_intervals: Intervals,
+    pub acked_records: AtomicU64,
+    pub delivered_records: AtomicU64,
+    pub errors: AtomicU64,
+    /// Per stream: where its followers may stop (u64::MAX until the producers are done).
+    pub final_tails: Vec<AtomicU64>,
+    pub producers_done_at: Mutex<Option<Instant>>,
+}
+
+/// The read-back after the run.
+#[derive(Debug, Default)]
+pub struct ReadBackOutcome {
+    pub records: u64,
+    pub bytes: u64,
+    pub seconds: f64,
+    pub errors: Vec<String>,
+    /// Per stream, when verifying.
+    pub verdicts: Vec<(String, Verdict)>,
+}
+
+/// Everything a report shows.
+pub struct Outcome {
+    pub config: Arc<Config>,
+    pub url: String,
+    /// When the run's clock started, in Unix nanoseconds.
+    pub start_unix_ns: u64,
+    pub measured_seconds: f64,
+    pub ack: Histogram<u64>,
+    pub e2e: Histogram<u64>,
+    pub ack_intervals: Vec<Histogram<u64>>,
+    pub e2e_intervals: Vec<Histogram<u64>>,
+    pub warmup_seconds: usize,
+    pub acked_per_second: Vec<u64>,
+    pub acked_bytes_per_second: Vec<u64>,
+    pub delivered_per_second: Vec<u64>,
+    pub measured_records: u64,
+    pub measured_bytes: u64,
+    pub sent_batches: u64,
+    pub acked_batches: u64,
+    pub failed_batches: u64,
+    pub unsent_batches: u64,
+    pub delivered: u64,
+    pub errors: Vec<String>,
+    pub read_back: Option<ReadBackOutcome>,
+}
+
+impl Outcome {
+    /// Whether verification ran and found a problem.
+    pub fn verify_failed(&self) -> bool {
+        self.config.verify
+            && self
+                .read_back
+                .as_ref()
+                .is_none_or(|r| !r.errors.is_empty() || r.verdicts.iter().any(|(_, v)| !v.clean()))
+    }
+}
+
+fn create_streams(client: &Client, config: &Config) -> Result<Vec<StreamSpec>, String> {
+    match client.create_bucket(&Bucket::new(config.bucket.clone()), None) {
+        Ok(_) => {}
+        Err(e) if e.code() == Some("already_exists") => {}
+        Err(e) => return Err(format!("create bucket {}: {e}", config.bucket)),
+    }
+    let options = StreamOptions { class: Some(config.class), ..StreamOptions::default() };
+    let mut specs = Vec::with_capacity(config.streams);
+    for number in 0..config.streams {
+        let address =
+            Address::new(config.bucket.clone(), format!("{}-{number}", config.stream_prefix));
+        match client.create_stream(&address, &options, None) {
+            Ok(_) => {}
+            // A stream left by an earlier run with this prefix: its records so far are
+            // not this run's, so the run starts at its tail.
+            Err(e) if e.code() == Some("already_exists") => {}
+            Err(e) => return Err(format!("create stream {address}: {e}")),
+        }
+        let base_seq =
+            client.check_tail(&address).map_err(|e| format!("{address}: check tail: {e}"))?.seq_num;
+        let number = u32::try_from(number).map_err(|_| "too many streams".to_owned())?;
+        specs.push(StreamSpec { number, address, base_seq });
+    }
+    Ok(specs)
+}
+
+/// Runs the configured load; `on_target` hears the server's URL before the load starts.
+pub fn run(config: Config, on_target: &mut dyn FnMut(&str)) -> Result<Outcome, String> {
+    let config = Arc::new(config);
+    let spawned = match &config.target {
+        Target::Spawn { nova_bin, server_args } => {
+            Some(Spawned::start(&spawn::nova_bin(nova_bin.as_deref()), server_args)?)
+        }
+        Target::Url(_) => None,
+    };
+    let url = match (&config.target, &spawned) {
+        (_, Some(s)) => s.url.clone(),
+        (Target::Url(url), None) => url.clone(),
+        (Target::Spawn { .. }, None) => return Err("no server".into()),
+    };
+    let client =
+        Client::new(&url).map_err(|e| format!("--url {url}: {e}"))?.with_format(config.format);
+    let specs = create_streams(&client, &config)?;
+    on_target(&url);
+
+    let seconds_max = (config.warmup + config.duration).as_secs() as usize + 120;
+    let shared = Shared {
+        config: config.clone(),
+        clock: Clock::new(config.warmup, config.duration),
+        timeline: Timeline::new(seconds_max),
+        ack_intervals: Intervals::new(),
+        e2e_intervals: Intervals::new(),
+        acked_records: AtomicU64::new(0),
+        delivered_records: AtomicU64::new(0),
+        errors: AtomicU64::new(0),
+        final_tails: specs.iter().map(|_| AtomicU64::new(u64::MAX)).collect(),
+        producers_done_at: Mutex::new(None),
+    };
+    let progress = config.progress && std::io::stderr().is_terminal();
+
+    let (producers, consumers) = std::thread::scope(|scope| {
+        let shared = &shared;
+        let client = &client;
+        let consumers: Vec<_> = (0..config.consumers)
+            .map(|c| {
+                let spec = specs[c % specs.len()].clone();
+                scope.spawn(move || consumer::follow(shared, client, &spec))
+            })
+            .collect();
+        let producers: Vec<_> = (0..config.producers)
+            .map(|p| {
+                let mine: Vec<StreamSpec> = specs
+                    .iter()
+                    .filter(|s| s.number as usize % config.producers == p)
+                    .cloned()
+                    .collect();
+                let seed = config.seed.wrapping_add(p as u64);
+                scope.spawn(move || producer::run(shared, client, mine, seed))
+            })
+            .collect();
+        let mut last_print = Instant::now();
+        while !producers.iter().all(|h| h.is_finished()) {
+            std::thread::sleep(Duration::from_millis(100));
+            if progress && last_print.elapsed() >= Duration::from_secs(1) {
+                last_print = Instant::now();
+                print_progress(shared);
+            }
+        }
+        if progress {
+            eprintln!();
+        }
+        let producers: Vec<ProducerOutcome> = producers
+            .into_iter()
+            .map(|h| h.join().unwrap_or_else(|e| std::panic::resume_unwind(e)))
+            .collect();
+        // Followers stop at each stream's tail as it is now.
+        *shared.producers_done_at.lock().unwrap_or_else(|e| e.into_inner()) = Some(Instant::now());
+        for spec in &specs {
+            let tail = client.check_tail(&spec.address).map(|t| t.seq_num).unwrap_or(0);
+            shared.final_tails[spec.number as usize].store(tail, Ordering::Release);
+        }
+        let consumers: Vec<ConsumerOutcome> = consumers
+            .into_iter()
+            .map(|h| h.join().unwrap_or_else(|e| std::panic::resume_unwind(e)))
+            .collect();
+        (producers, consumers)
+    });
+
+    let mut ack = crate::stats::histogram();
+    let mut e2e = crate::stats::histogram();
+    let mut errors = Vec::new();
+    let (mut measured_records, mut measured_bytes) = (0, 0);
+    let (mut sent, mut acked, mut failed, mut unsent) = (0, 0, 0, 0);
+    let mut ledgers = Vec::new();
+    for p in producers {
+        ack.add(&p.ack).map_err(|e| format!("merge histograms: {e:?}"))?;
+        measured_records += p.measured_records;
+        measured_bytes += p.measured_bytes;
+        sent += p.sent_batches;
+        acked += p.acked_batches;
+        failed += p.failed_batches;
+        unsent += p.unsent_batches;
+        errors.extend(p.errors);
+        ledgers.extend(p.ledgers);
+    }
+    let mut delivered = 0;
+    for c in consumers {
+        e2e.add(&c.e2e).map_err(|e| format!("merge histograms: {e:?}"))?;
+        delivered += c.delivered;
+        errors.extend(c.error);
+    }
+
+    let read_back =
+        (config.catch_up || config.verify).then(|| read_back_all(&client, &config, ledgers));
+
+    let clock = shared.clock;
+    let seconds = (Instant::now().saturating_duration_since(clock.start).as_secs() as usize + 1)
+        .min(seconds_max);
+    Ok(Outcome {
+        url,
+        start_unix_ns: clock.start_unix_ns,
+        measured_seconds: config.duration.as_secs_f64(),
+        ack,
+        e2e,
+        ack_intervals: shared.ack_intervals.take(),
+        e2e_intervals: shared.e2e_intervals.take(),
+        warmup_seconds: config.warmup.as_secs() as usize,
+        acked_per_second: Timeline::snapshot(&shared.timeline.acked_records, seconds),
+        acked_bytes_per_second: Timeline::snapshot(&shared.timeline.acked_bytes, seconds),
+        delivered_per_second: Timeline::snapshot(&shared.timeline.delivered_records, seconds),
+        measured_records,
+        measured_bytes,
+        sent_batches: sent,
+        acked_batches: acked,
+        failed_batches: failed,
+        unsent_batches: unsent,
+        delivered,
+        errors,
+        read_back,
+        config,
+    })
+}
+
+/// One read-back thread's records, errors and verdicts.
+type ReaderResult = (ReadBack, Vec<String>, Vec<(String, Verdict)>);
+
+/// Reads every stream back from its first record of the run to its tail now, on
+/// `max(consumers, 1)` threads (at most one per stream), checking each when verifying.
+fn read_back_all(
+    client: &Client,
+    config: &Config,
+    ledgers: Vec<(StreamSpec, crate::verify::Ledger)>,
+) -> ReadBackOutcome {
+    let readers = config.consumers.max(1).min(ledgers.len().max(1));
+    let mut work: Vec<Vec<(StreamSpec, crate::verify::Ledger)>> =
+        (0..readers).map(|_| Vec::new()).collect();
+    for (i, item) in ledgers.into_iter().enumerate() {
+        work[i % readers].push(item);
+    }
+    // Tails first, so the timed part is reading only.
+    let mut tails = Vec::new();
+    let mut out = ReadBackOutcome::default();
+    for items in &work {
+        let mut t = Vec::new();
+        for (spec, _) in items {
+            match client.check_tail(&spec.address) {
+                Ok(tail) => t.push(tail.seq_num),
+                Err(e) => {
+                    out.errors.push(format!("{}: check tail: {e}", spec.address));
+                    t.push(spec.base_seq);
+                }
+            }
+        }
+        tails.push(t);
+    }
+    let started = Instant::now();
+    let results: Vec<ReaderResult> = std::thread::scope(|scope| {
+        let handles: Vec<_> = work
+            .into_iter()
+            .zip(tails)
+            .map(|(items, tails)| {
+                scope.spawn(move || {
+                    let mut total = ReadBack::default();
+                    let mut errors = Vec::new();
+                    let mut verdicts = Vec::new();
+                    for ((spec, ledger), tail) in items.into_iter().zip(tails) {
+                        let mut checker = config.verify.then(|| Checker::new(spec.number, ledger));
+                        match consumer::read_back(client, &spec, tail, checker.as_mut()) {
+                            Ok(r) => {
+                                total.records += r.records;
+                                total.bytes += r.bytes;
+                            }
+                            Err(e) => errors.push(e),
+                        }
+                        if let Some(c) = checker {
+                            verdicts.push((spec.address.to_string(), c.finish()));
+                        }
+                    }
+                    (total, errors, verdicts)
+                })
+            })
+            .collect();
+        handles
+            .into_iter()
+            .map(|h| h.join().unwrap_or_else(|e| std::panic::resume_unwind(e)))
+            .collect()
+    });
+    out.seconds = started.elapsed().as_secs_f64();
+    for (r, errors, verdicts) in results {
+        out.records += r.records;
+        out.bytes += r.bytes;
+        out.errors.extend(errors);
+        out.verdicts.extend(verdicts);
+    }
+    out.verdicts.sort_by(|a, b| a.0.cmp(&b.0));
+    out
+}
+
+fn print_progress(shared: &Shared) {
+    let clock = shared.clock;
+    let now = Instant::now();
+    let elapsed = now.saturating_duration_since(clock.start).as_secs_f64();
+    let second = clock.second(now).saturating_sub(1);
+    let rate = shared.timeline.acked_records.get(second).map_or(0, |c| c.load(Ordering::Relaxed));
+    let phase = if now < clock.measure_from { "warm-up" } else { "measuring" };
+    let mut err = std::io::stderr().lock();
+    let _ = write!(
+        err,
+        "\r{phase:>9} {elapsed:6.1}s  acked {:>12} records  {rate:>9} rec/s  delivered {:>12}  errors {}   ",
+        shared.acked_records.load(Ordering::Relaxed),
+        shared.delivered_records.load(Ordering::Relaxed),
+        shared.errors.load(Ordering::Relaxed),
+    );
+    let _ = err.flush();
+}

@@ -1,0 +1,293 @@
+//! Verification: the producer's ledger of what was acknowledged where, and the checker
+//! that reads a stream back and says what is lost, duplicated, out of place or foreign.
+//!
+//! Both sides compute a hash chain (payload.rs) in seq_num order: the producer over the
+//! records the server acknowledged, the checker over every record it reads. The detailed
+//! counts say what went wrong; the chain is the summary that nothing else did.
+
+use std::collections::BTreeMap;
+
+use crate::payload::{self, Payload};
+
+/// Acknowledged records of one batch: seq_nums `seq_num..seq_num+count` hold the
+/// stream's records `index..index+count`.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Acked {
+    pub seq_num: u64,
+    pub index: u64,
+    pub count: u64,
+}
+
+/// What the producer knows about one stream.
+#[derive(Debug, Default)]
+pub struct Ledger {
+    /// Records sent: indices `0..sent`.
+    pub sent: u64,
+    /// Records whose append failed: they may or may not be in the stream.
+    pub unknown: u64,
+    acked: Vec<Acked>,
+    /// Acknowledged batches not yet linked into the chain (digests by record), by seq_num.
+    waiting: BTreeMap<u64, (u64, Vec<u64>)>,
+    chain: u64,
+    chain_next_seq: Option<u64>,
+}
+
+impl Ledger {
+    pub fn new(base_seq: u64) -> Self {
+        Self { chain_next_seq: Some(base_seq), ..Self::default() }
+    }
+
+    /// An acknowledged batch, with its records' digests (empty when not verifying).
+    pub fn acked(&mut self, seq_num: u64, index: u64, digests: Vec<u64>) {
+        self.acked.push(Acked { seq_num, index, count: digests.len() as u64 });
+        self.waiting.insert(seq_num, (index, digests));
+        // Link what is contiguous (several connections may acknowledge out of order).
+        while let Some(next) = self.chain_next_seq {
+            let Some((_, digests)) = self.waiting.remove(&next) else { break };
+            self.link(next, &digests);
+        }
+    }
+
+    fn link(&mut self, seq_num: u64, digests: &[u64]) {
+        for (i, d) in digests.iter().enumerate() {
+            self.chain = payload::chain(self.chain, seq_num + i as u64, *d);
+        }
+        self.chain_next_seq = Some(seq_num + digests.len() as u64);
+    }
+
+    pub fn failed(&mut self, count: u64) {
+        self.unknown += count;
+    }
+
+    pub fn acked_records(&self) -> u64 {
+        self.acked.iter().map(|a| a.count).sum()
+    }
+
+    /// The chain over every acknowledged record in seq_num order (across any gap a failed
+    /// append left), and the acknowledged batches sorted by seq_num.
+    pub fn finish(mut self) -> (u64, Vec<Acked>) {
+        for (seq_num, (_, digests)) in std::mem::take(&mut self.waiting) {
+            self.link(seq_num, &digests);
+        }
+        self.acked.sort_by_key(|a| a.seq_num);
+        (self.chain, self.acked)
+    }
+}
+
+/// How one stream read back.
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct Verdict {
+    pub records_read: u64,
+    pub ok: u64,
+    pub lost: u64,
+    pub duplicates: u64,
+    pub reordered: u64,
+    pub foreign: u64,
+    /// Records of failed appends that landed after all (not an error by itself).
+    pub unacknowledged_present: u64,
+    pub chain_matches: bool,
+    /// The first few problems, with seq_nums.
+    pub examples: Vec<String>,
+}
+
+impl Verdict {
+    pub fn clean(&self) -> bool {
+        self.lost == 0
+            && self.duplicates == 0
+            && self.reordered == 0
+            && self.foreign == 0
+            && (self.chain_matches || self.unacknowledged_present > 0)
+    }
+}
+
+const EXAMPLES_MAX: usize = 5;
+
+/// Checks one stream's records, fed in seq_num order.
+pub struct Checker {
+    stream: u32,
+    sent: u64,
+    by_seq: Vec<Acked>,
+    by_index: Vec<Acked>,
+    at: usize,
+    seen: Vec<u64>,
+    expected_chain: u64,
+    chain: u64,
+    verdict: Verdict,
+}
+
+impl Checker {
+    pub fn new(stream: u32, ledger: Ledger) -> Self {
+        let sent = ledger.sent;
+        let (expected_chain, by_seq) = ledger.finish();
+        let mut by_index = by_seq.clone();
+        by_index.sort_by_key(|a| a.index);
+        Self {
+            stream,
+            sent,
+            by_seq,
+            by_index,
+            at: 0,
+            seen: vec![0; sent.div_ceil(64) as usize],
+            expected_chain,
+            chain: 0,
+            verdict: Verdict::default(),
+        }
+    }
+
+    fn example(&mut self, text: String) {
+        if self.verdict.examples.len() < EXAMPLES_MAX {
+            self.verdict.examples.push(text);
+        }
+    }
+
+    /// The index acknowledged at `seq_num`, if any.
+    fn expected_at(&mut self, seq_num: u64) -> Option<u64> {
+        while let Some(a) = self.by_seq.get(self.at) {
+            if seq_num >= a.seq_num + a.count {
+                self.at += 1;
+                continue;
+            }
+            return (seq_num >= a.seq_num).then(|| a.index + (seq_num - a.seq_num));
+        }
+        None
+    }
+
+    /// Where `index` was acknowledged, if it was.
+    fn acked_seq(&self, index: u64) -> Option<u64> {
+        let i = self.by_index.partition_point(|a| a.index + a.count <= index);
+        self.by_index.get(i).filter(|a| index >= a.index).map(|a| a.seq_num + (index - a.index))
+    }
+
+    pub fn record(&mut self, seq_num: u64, body: &[u8]) {
+        self.verdict.records_read += 1;
+        self.chain = payload::chain(self.chain, seq_num, payload::digest(body));
+        let ours = Payload::parse(body).filter(|p| p.stream == self.stream && p.index < self.sent);
+        let expected = self.expected_at(seq_num);
+        let Some(p) = ours else {
+            self.verdict.foreign += 1;
+            self.example(format!("seq_num {seq_num}: a record loadgen did not write"));
+            return;
+        };
+        let (word, bit) = ((p.index / 64) as usize, 1u64 << (p.index % 64));
+        if self.seen[word] & bit != 0 {
+            self.verdict.duplicates += 1;
+            self.example(format!("seq_num {seq_num}: record {} again", p.index));
+            return;
+        }
+        self.seen[word] |= bit;
+        if expected == Some(p.index) {
+            self.verdict.ok += 1;
+        } else if let Some(acked_at) = self.acked_seq(p.index) {
+            self.verdict.reordered += 1;
+            self.example(format!(
+                "seq_num {seq_num}: record {} was acknowledged at seq_num {acked_at}",
+                p.index
+            ));
+        } else {
+            self.verdict.unacknowledged_present += 1;
+        }
+    }
+
+    pub fn finish(mut self) -> Verdict {
+        let mut lost_examples = Vec::new();
+        for a in &self.by_seq {
+            for i in 0..a.count {
+                let index = a.index + i;
+                if self.seen[(index / 64) as usize] & (1u64 << (index % 64)) == 0 {
+                    self.verdict.lost += 1;
+                    if lost_examples.len() < EXAMPLES_MAX {
+                        lost_examples.push(format!(
+                            "record {index}, acknowledged at seq_num {}, is missing",
+                            a.seq_num + i
+                        ));
+                    }
+                }
+            }
+        }
+        for e in lost_examples {
+            self.example(e);
+        }
+        self.verdict.chain_matches = self.chain == self.expected_chain;
+        if !self.verdict.chain_matches && self.verdict.examples.is_empty() {
+            self.example("the hash chain differs".into());
+        }
+        self.verdict
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn body(stream: u32, index: u64) -> Vec<u8> {
+        let mut out = Vec::new();
+        Payload { stream, index, sent_unix_ns: 0 }.write(40, &payload::filler(40), &mut out);
+        out
+    }
+
+    /// A ledger of `batches` batches of 2 records from seq_num 0, and the bodies by index.
+    fn ledger(batches: u64) -> (Ledger, Vec<Vec<u8>>) {
+        let mut ledger = Ledger::new(0);
+        let bodies: Vec<Vec<u8>> = (0..batches * 2).map(|i| body(3, i)).collect();
+        ledger.sent = batches * 2;
+        for b in 0..batches {
+            let i = (b * 2) as usize;
+            ledger.acked(
+                b * 2,
+                b * 2,
+                vec![payload::digest(&bodies[i]), payload::digest(&bodies[i + 1])],
+            );
+        }
+        (ledger, bodies)
+    }
+
+    fn check(ledger: Ledger, read: &[(u64, Vec<u8>)]) -> Verdict {
+        let mut c = Checker::new(3, ledger);
+        for (seq, body) in read {
+            c.record(*seq, body);
+        }
+        c.finish()
+    }
+
+    #[test]
+    fn a_faithful_stream_is_clean() {
+        let (ledger, bodies) = ledger(3);
+        let read: Vec<_> = bodies.into_iter().enumerate().map(|(i, b)| (i as u64, b)).collect();
+        let v = check(ledger, &read);
+        assert!(v.clean(), "{v:?}");
+        assert_eq!(v.ok, 6);
+    }
+
+    #[test]
+    fn loss_duplicate_reorder_and_foreign_are_each_named() {
+        let (l, bodies) = ledger(2);
+        let lost =
+            check(l, &[(0, bodies[0].clone()), (1, bodies[1].clone()), (2, bodies[2].clone())]);
+        assert_eq!((lost.lost, lost.clean()), (1, false));
+
+        let (l, bodies) = ledger(1);
+        let dup =
+            check(l, &[(0, bodies[0].clone()), (1, bodies[1].clone()), (2, bodies[1].clone())]);
+        assert_eq!((dup.duplicates, dup.clean()), (1, false));
+
+        let (l, bodies) = ledger(1);
+        let swapped = check(l, &[(0, bodies[1].clone()), (1, bodies[0].clone())]);
+        assert_eq!((swapped.reordered, swapped.clean()), (2, false));
+
+        let (l, bodies) = ledger(1);
+        let extra = check(l, &[(0, bodies[0].clone()), (1, bodies[1].clone()), (2, b"x".to_vec())]);
+        assert_eq!((extra.foreign, extra.clean()), (1, false));
+        assert!(extra.examples[0].contains("seq_num 2"), "{:?}", extra.examples);
+    }
+
+    #[test]
+    fn out_of_order_acks_chain_the_same() {
+        let (a, bodies) = ledger(2);
+        let mut b = Ledger::new(0);
+        b.sent = 4;
+        let d = |i: usize| payload::digest(&bodies[i]);
+        b.acked(2, 2, vec![d(2), d(3)]);
+        b.acked(0, 0, vec![d(0), d(1)]);
+        assert_eq!(a.finish(), b.finish());
+    }
+}
