@@ -202,6 +202,7 @@ pub struct Client {
     /// stale entry (the stream deleted, or recreated with a new ID) comes back from the
     /// leader as not found, and the client resolves once more.
     resolved: Arc<RwLock<HashMap<(BucketName, StreamKey), StreamRecord>>>,
+    uploader: Uploader,
 }
 
 /// Addresses the resolve cache holds before it starts over.
@@ -256,7 +257,12 @@ impl Node {
             senders.push(tx);
             receivers.push(rx);
         }
-        let client = Client { shards: senders.into(), control, resolved: Arc::default() };
+        let client = Client {
+            shards: senders.into(),
+            control,
+            resolved: Arc::default(),
+            uploader: uploader.clone(),
+        };
         let mut threads = Vec::with_capacity(config.shards);
         for (index, rx) in receivers.into_iter().enumerate() {
             let placement =
@@ -657,6 +663,11 @@ impl Client {
             }
         }
         Err(Error::Contended { op: "delete stream", attempts: ATTEMPTS_MAX })
+    }
+
+    /// The uploader core's counters (bundles, PUTs, cuts, latencies).
+    pub fn uploader_stats(&self) -> crate::uploader::UploaderStats {
+        self.uploader.stats()
     }
 
     /// Each shard's counters.
