@@ -291,6 +291,11 @@ pub enum Error {
     #[error("object {key} could not be written: {reason}")]
     ObjectWriteFailed { key: String, reason: String },
 
+    /// A ref could not be written: the object it names was marked dead by the auditor
+    /// (it went unreferenced for a while). The chunks must be written anew.
+    #[error("objects {objects} are marked dead; their chunks must be written anew")]
+    ObjectDead { objects: String },
+
     /// The metadata store failed or refused a transaction. Callers turn the conflicts
     /// they expect (a taken address, a lost race) into their own variants first.
     #[error(transparent)]
@@ -350,7 +355,8 @@ impl Error {
             | Error::CorruptBundle(_)
             | Error::CorruptSettled(_)
             | Error::UploadRefused(_)
-            | Error::ObjectWriteFailed { .. } => Code::Internal,
+            | Error::ObjectWriteFailed { .. }
+            | Error::ObjectDead { .. } => Code::Internal,
             Error::Framing(_) => Code::InvalidArgument,
             Error::Meta(meta) => match meta {
                 MetaError::Conflict { .. } => Code::FailedPrecondition,

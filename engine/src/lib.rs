@@ -10,6 +10,7 @@
 //! never `usize`.
 
 pub mod aligned;
+pub mod auditor;
 pub mod batch;
 pub mod chunk;
 pub mod control;

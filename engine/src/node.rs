@@ -19,6 +19,7 @@ use std::sync::{Arc, RwLock};
 
 use glommio::{LocalExecutorBuilder, Placement};
 
+use crate::auditor::{Auditor, AuditorConfig, AuditorStats};
 use crate::control::{Clock, ControlPlane, Door, StreamRecord, SystemClock};
 use crate::error::{Error, Result};
 use crate::ids::StreamId;
@@ -56,6 +57,7 @@ pub struct NodeConfig {
     /// Where history lives.
     pub objects: ObjectStoreConfig,
     pub uploader: UploaderConfig,
+    pub auditor: AuditorConfig,
 }
 
 /// The object store a node keeps history in.
@@ -116,6 +118,7 @@ impl NodeConfig {
             handlers_max: tuning::SHARD_HANDLERS_MAX.default,
             objects: ObjectStoreConfig::Local(data_dir.join("objects")),
             uploader: UploaderConfig::default(),
+            auditor: AuditorConfig::default(),
         }
     }
 }
@@ -190,6 +193,7 @@ pub struct Node {
     client: Client,
     threads: Vec<glommio::ExecutorJoinHandle<()>>,
     uploader: Uploader,
+    auditor: Option<Auditor>,
 }
 
 /// The node's handle: cheap to clone, usable from any thread.
@@ -203,6 +207,7 @@ pub struct Client {
     /// leader as not found, and the client resolves once more.
     resolved: Arc<RwLock<HashMap<(BucketName, StreamKey), StreamRecord>>>,
     uploader: Uploader,
+    auditor: Arc<std::sync::Mutex<AuditorStats>>,
 }
 
 /// Addresses the resolve cache holds before it starts over.
@@ -239,7 +244,8 @@ impl Node {
         config.data_dir = std::path::absolute(&config.data_dir)
             .map_err(|e| io_error("resolve the data directory", &e))?;
         check_manifest(&config.data_dir, config.shards)?;
-        let uploader = Uploader::start(config.objects.open()?, config.uploader.clone(), "")?;
+        let store = config.objects.open()?;
+        let uploader = Uploader::start(Arc::clone(&store), config.uploader.clone(), "")?;
         let meta = match RedbMetaStore::open(config.data_dir.join("meta"), config.meta) {
             Ok(meta) => meta,
             Err(error) => {
@@ -262,6 +268,7 @@ impl Node {
             control,
             resolved: Arc::default(),
             uploader: uploader.clone(),
+            auditor: Arc::default(),
         };
         let mut threads = Vec::with_capacity(config.shards);
         for (index, rx) in receivers.into_iter().enumerate() {
@@ -282,7 +289,21 @@ impl Node {
             threads.push(thread);
         }
         drop(ready_tx);
-        let node = Node { client, threads, uploader };
+        let auditor = Auditor::start(
+            store,
+            client.control.clone(),
+            Arc::clone(&clock),
+            config.auditor,
+            Arc::clone(&client.auditor),
+        );
+        let mut node = Node { client, threads, uploader, auditor: None };
+        match auditor {
+            Ok(auditor) => node.auditor = Some(auditor),
+            Err(error) => {
+                node.stop();
+                return Err(error);
+            }
+        }
         for _ in 0..config.shards {
             match ready_rx.recv() {
                 Ok(Ok(())) => {}
@@ -306,7 +327,10 @@ impl Node {
 
     /// Stops every shard's service (each finishes what it holds), then every shard
     /// after the requests it holds are answered, and waits for them.
-    pub fn stop(self) {
+    pub fn stop(mut self) {
+        if let Some(auditor) = self.auditor.take() {
+            auditor.stop();
+        }
         let mut services = Vec::new();
         for shard in self.client.shards.iter() {
             let (done, stopped) = flume::bounded(1);
@@ -663,6 +687,11 @@ impl Client {
             }
         }
         Err(Error::Contended { op: "delete stream", attempts: ATTEMPTS_MAX })
+    }
+
+    /// The auditor's counters and backlog.
+    pub fn auditor_stats(&self) -> AuditorStats {
+        crate::auditor::snapshot(&self.auditor)
     }
 
     /// The uploader core's counters (bundles, PUTs, cuts, latencies).

@@ -1019,8 +1019,8 @@ impl Shard {
     pub(crate) async fn adopt_retained(&self, owner: impl Fn(StreamId) -> usize) -> Result<()> {
         let mut after = None;
         loop {
-            let (records, next) = self.control.live_streams_page(after, 1000).await?;
-            for record in records {
+            let (records, next) = self.control.all_streams_page(after).await?;
+            for record in records.into_iter().filter(|r| r.deleted_at_ms.is_none()) {
                 let ours = owner(record.id) == self.index;
                 let known = self.streams.borrow().contains_key(&record.id);
                 if ours && !known && record.options.retention_max_age_ms > 0 {

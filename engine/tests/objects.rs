@@ -487,3 +487,161 @@ fn settling_moves_history_into_per_stream_objects_local() {
 fn settling_moves_history_into_per_stream_objects_s3() {
     settling_moves_history_into_per_stream_objects(s3());
 }
+
+// ---- The auditor -------------------------------------------------------------------------
+
+fn auditing(dir: &Path, backend: &Backend, grace: Duration) -> NodeConfig {
+    let mut config = node_config(dir, backend);
+    config.auditor.interval = Duration::from_millis(30);
+    config.auditor.read_grace = grace;
+    config.shard.settle.target_bytes = 16 << 10;
+    config.shard.settle.age = Duration::from_millis(100);
+    config.shard.settle.interval = Duration::from_millis(20);
+    config
+}
+
+/// Waits for `passes` more auditor passes that end with `done(stats)`.
+fn wait_audit(client: &Client, what: &str, done: impl Fn(&engine::auditor::AuditorStats) -> bool) {
+    let start = client.auditor_stats().passes;
+    wait_until(what, || {
+        let stats = client.auditor_stats();
+        assert_eq!(stats.last_error, None, "the auditor failed");
+        stats.passes >= start + 3 && done(&stats)
+    });
+}
+
+/// nova's objects in the store, and the objects the refs name (the node stopped: the
+/// local store and the metadata are locked while it runs).
+fn objects_and_refs(dir: &Path, backend: &Backend) -> (Vec<String>, Vec<String>) {
+    let store = open_store(backend);
+    let runtime = tokio::runtime::Builder::new_current_thread().enable_all().build().expect("rt");
+    let mut listed = Vec::new();
+    let mut after: Option<String> = None;
+    loop {
+        let page = runtime
+            .block_on(store.list("", after.as_deref(), s3::LIST_PAGE_KEYS_MAX))
+            .expect("list");
+        listed.extend(page.objects.into_iter().map(|o| o.key));
+        match page.next {
+            Some(next) => after = Some(next),
+            None => break,
+        }
+    }
+    listed.retain(|k| {
+        engine::transit::TransitKey::parse(k).is_ok()
+            || engine::settled::SettledKey::parse(k).is_ok()
+    });
+    let meta = engine::meta::RedbMetaStore::open(dir.join("meta"), Default::default())
+        .expect("open the metadata");
+    let control = engine::control::ControlPlane::new(meta.clone());
+    let mut referenced = Vec::new();
+    let mut after: Option<Vec<u8>> = None;
+    loop {
+        let (refs, next) = block_on(control.refs_page(after.as_deref())).expect("refs");
+        referenced.extend(refs.into_iter().map(|r| r.object));
+        match next {
+            Some(key) => after = Some(key),
+            None => break,
+        }
+    }
+    drop(control);
+    block_on(meta.close()).expect("close");
+    listed.sort();
+    referenced.sort();
+    referenced.dedup();
+    (listed, referenced)
+}
+
+/// After trims and a deletion, and across a restart in the middle of reclamation, the
+/// store holds exactly the objects some ref names, and what is still readable is intact.
+fn the_store_holds_exactly_what_refs_name(backend: Backend) {
+    use engine::shard::TrimTo;
+
+    let dir = tempfile::tempdir().expect("tempdir");
+    // A grace far longer than the test: marks are made, nothing is deleted yet.
+    let config = auditing(dir.path(), &backend, Duration::from_secs(3600));
+    let node = start(config);
+    let client = node.client();
+    let bucket = make_bucket(&client, "audit", StorageClass::Standard, true);
+    let kept = bodies("kept", 60);
+    for name in ["kept", "trimmed", "deleted"] {
+        append_each(&client, &bucket, &key(name), &kept);
+    }
+    let trim = block_on(client.trim(&bucket, &key("trimmed"), TrimTo::SeqNum(40))).expect("trim");
+    assert_eq!(trim, 40);
+    block_on(client.delete_stream(&bucket, &key("deleted"))).expect("delete");
+    wait_audit(&client, "dead objects marked", |s| s.dead_objects > 0 && s.refs_deleted > 0);
+    assert_eq!(client.auditor_stats().objects_deleted, 0, "nothing goes before its grace");
+    drop(client);
+    node.stop();
+    let (listed, referenced) = objects_and_refs(dir.path(), &backend);
+    assert!(listed.len() > referenced.len(), "dead objects wait out their grace");
+
+    // Restart in the middle of reclamation, now with the grace over: what was marked
+    // goes, what is still referenced stays and reads back whole.
+    let node = start(auditing(dir.path(), &backend, Duration::ZERO));
+    let client = node.client();
+    wait_audit(&client, "dead objects deleted", |s| s.objects_deleted > 0 && s.dead_objects == 0);
+    assert_reads_back(&client, &bucket, &key("kept"), &kept);
+    let rest = read_all(&client, &bucket, &key("trimmed"));
+    assert_eq!(rest.first().map(|r| r.0), Some(40));
+    assert_eq!(rest.len(), 20);
+    drop(client);
+    node.stop();
+    let (listed, referenced) = objects_and_refs(dir.path(), &backend);
+    assert_eq!(listed, referenced, "{}: the store holds exactly what refs name", backend.name);
+}
+
+#[test]
+fn the_store_holds_exactly_what_refs_name_local() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    the_store_holds_exactly_what_refs_name(local(dir.path()));
+}
+
+#[test]
+fn the_store_holds_exactly_what_refs_name_s3() {
+    the_store_holds_exactly_what_refs_name(s3());
+}
+
+/// A reader holding a ReadPlan keeps reading its extents through the read grace while
+/// reclamation runs; after it, they are gone.
+#[test]
+fn a_read_plan_stays_readable_through_the_read_grace() {
+    use engine::shard::{PlanRequest, TrimTo};
+    use engine::stream::ReadStart;
+
+    let backend = s3();
+    let dir = tempfile::tempdir().expect("tempdir");
+    let grace = Duration::from_millis(1500);
+    let node = start(auditing(dir.path(), &backend, grace));
+    let client = node.client();
+    let bucket = make_bucket(&client, "grace", StorageClass::Standard, true);
+    let key = key("k");
+    append_each(&client, &bucket, &key, &bodies("grace", 40));
+    let plan = block_on(client.plan(
+        &bucket,
+        &key,
+        PlanRequest { start: ReadStart::SeqNum(0), clamp: false, limits: ALL },
+    ))
+    .expect("plan");
+    block_on(client.trim(&bucket, &key, TrimTo::SeqNum(40))).expect("trim everything");
+    wait_audit(&client, "the plan's objects marked dead", |s| s.dead_objects > 0);
+    let store = open_store(&backend);
+    let runtime = tokio::runtime::Builder::new_current_thread().enable_all().build().expect("rt");
+    let fetch = |extent: &engine::shard::Extent| {
+        runtime.block_on(
+            store.get(&extent.object, (extent.offset..extent.offset + extent.length).into()),
+        )
+    };
+    for extent in &plan.extents {
+        let slot = fetch(extent).expect("readable through the grace");
+        engine::transit::Slot::parse(&slot).expect("intact");
+    }
+    wait_audit(&client, "the plan's objects deleted", |s| {
+        s.objects_deleted > 0 && s.dead_objects == 0
+    });
+    let gone = fetch(&plan.extents[0]).expect_err("deleted after the grace");
+    assert_eq!(gone.kind(), s3::ErrorKind::NotFound);
+    drop(client);
+    node.stop();
+}

@@ -363,6 +363,30 @@ pub const RETENTION_INTERVAL_MS: Knob = Knob {
     reason: "retention is promised at seconds granularity (retention.md); a check per second is a walk over in-memory chunk lists, and a quiet stream trims on time like a busy one",
 };
 
+/// How long an object no ref names stays in the store before the auditor deletes it.
+pub const AUDITOR_READ_GRACE_MS: Knob = Knob {
+    flag: "auditor-read-grace-ms",
+    env: "NOVA_AUDITOR_READ_GRACE_MS",
+    unit: Unit::Milliseconds,
+    default: 600_000,
+    min: 0,
+    max: 604_800_000,
+    help: "time from the moment the auditor marks an object dead (no ref names it) to its deletion; readers holding a ReadPlan or a fetch in flight keep working through it",
+    reason: "ten minutes (operations.md) outlasts any fetch and a ReadPlan client's usual work, while trimmed history stops costing storage soon after",
+};
+
+/// Time between the auditor's passes.
+pub const AUDITOR_INTERVAL_MS: Knob = Knob {
+    flag: "auditor-interval-ms",
+    env: "NOVA_AUDITOR_INTERVAL_MS",
+    unit: Unit::Milliseconds,
+    default: 30_000,
+    min: 10,
+    max: 86_400_000,
+    help: "time between the auditor's passes (each lists the store and reads every ref); an object is marked dead only after two passes find it unreferenced",
+    reason: "a pass costs a listing of the store; every 30 s keeps that cheap and is far below the read grace, and two passes apart is far longer than a bundle's PUT-to-refs window",
+};
+
 /// Upload requests queued for the uploader before shards wait.
 pub const UPLOADER_QUEUE_DEPTH: Knob = Knob {
     flag: "uploader-queue-depth",
@@ -466,6 +490,8 @@ pub const KNOBS: &[Knob] = &[
     SETTLE_AGE_MS,
     SETTLE_INTERVAL_MS,
     RETENTION_INTERVAL_MS,
+    AUDITOR_READ_GRACE_MS,
+    AUDITOR_INTERVAL_MS,
     UPLOADER_QUEUE_DEPTH,
     UPLOAD_BACKOFF_INITIAL_MS,
     UPLOAD_BACKOFF_MAX_MS,

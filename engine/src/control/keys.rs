@@ -8,6 +8,8 @@
 //! r/<16-byte id><8-byte big-endian first seq>
 //!                       -> ref: where one chunk of the stream is in the object store
 //!                          (a stream's refs scan in sequence order under "r/<id>")
+//! g/<object key>        -> dead mark: no ref names the object since the time it holds;
+//!                          the auditor deletes it once the read grace has passed
 //! ```
 //!
 //! Bucket names are `a-z0-9-` (never `/`), so `a/<bucket>/` is a prefix of exactly that
@@ -31,6 +33,8 @@ pub const STREAMS: &[u8] = b"s/";
 pub const DELETED: &[u8] = b"d/";
 /// Prefix of refs.
 pub const REFS: &[u8] = b"r/";
+/// Prefix of dead marks.
+pub const DEAD: &[u8] = b"g/";
 
 /// The longest key this layout builds: an address or marker of the longest bucket name and
 /// stream key. Far below the store's key limit, so a valid name never makes an invalid key.
@@ -72,6 +76,11 @@ pub fn refs_of(id: &StreamId) -> Vec<u8> {
 /// `r/<id><first seq, big-endian>`.
 pub fn chunk_ref(id: &StreamId, first_seq_num: u64) -> Vec<u8> {
     join(&[REFS, id.as_bytes(), &first_seq_num.to_be_bytes()])
+}
+
+/// `g/<object key>`.
+pub fn dead(object: &str) -> Vec<u8> {
+    join(&[DEAD, object.as_bytes()])
 }
 
 /// `d/<bucket>/<key>`.

@@ -51,7 +51,9 @@ use rows::{AddressRow, BucketId, BucketRow, BucketState, DeletedRow, StreamRow, 
 /// Refs written per metadata transaction: under the store's operation cap
 /// ([`crate::meta::TXN_OPS_MAX`]) and, at the longest object key, its byte cap.
 pub const REFS_PER_TXN: usize = 100;
-const _: () = assert!(REFS_PER_TXN <= crate::meta::TXN_OPS_MAX as usize);
+/// Distinct objects whose dead marks one refs transaction checks.
+const DEAD_CHECKS_PER_TXN: usize = 20;
+const _: () = assert!(REFS_PER_TXN + DEAD_CHECKS_PER_TXN <= crate::meta::TXN_OPS_MAX as usize);
 
 /// How many times a verb re-reads and retries after its transaction lost a race before it
 /// gives up with [`Error::Contended`]. A lost race means another writer made progress, so
@@ -763,41 +765,118 @@ impl<S: MetaStore> ControlPlane<S> {
         Err(Error::Contended { op: "set trim seq_num", attempts: ATTEMPTS_MAX })
     }
 
-    /// One page of every live stream, in ID order, after `after` (for duties that must
-    /// visit streams nobody is using, such as retention after a restart).
-    pub async fn live_streams_page(
-        &self,
-        after: Option<StreamId>,
-        limit: u32,
-    ) -> Result<(Vec<StreamRecord>, Option<StreamId>)> {
-        let start = after.map(|id| keys::stream(&id));
-        let page = self.store.scan(keys::STREAMS, start.as_deref(), limit).await?;
-        let mut records = Vec::with_capacity(page.entries.len());
-        let mut last = None;
-        for (key, found) in page.entries {
-            let row = StreamRow::decode(&found.value).map_err(|error| corrupt(&key, error))?;
-            last = Some(row.id);
-            if row.is_live() {
-                records.push(stream_record(row, found.version));
-            }
-        }
-        Ok((records, if page.more { last } else { None }))
-    }
-
     // ---- Refs: where each durable chunk is in the object store --------------------------
 
     /// Makes `refs` durable (new ones, or settled locations replacing transit ones under
     /// the same key). Each transaction of [`REFS_PER_TXN`] is atomic; the call returns
     /// once all are durable. A ref names one chunk, so a reader sees either location of
     /// a chunk, never a gap, whichever transactions have applied.
+    ///
+    /// Each transaction also requires that no object it names is marked dead: once the
+    /// auditor has marked an object, no new ref can name it, so the auditor may delete
+    /// it after checking the refs once more (`ObjectDead` otherwise: write it anew).
     pub async fn put_refs(&self, refs: &[RefRow]) -> Result<()> {
-        for part in refs.chunks(REFS_PER_TXN) {
-            let txn = part.iter().fold(Txn::new(), |txn, row| {
+        let mut rest = refs;
+        while !rest.is_empty() {
+            // At most REFS_PER_TXN refs and DEAD_CHECKS_PER_TXN distinct objects.
+            let mut objects: Vec<&str> = Vec::new();
+            let mut taken = 0;
+            for row in rest.iter().take(REFS_PER_TXN) {
+                if !objects.contains(&row.object.as_str()) {
+                    if objects.len() == DEAD_CHECKS_PER_TXN {
+                        break;
+                    }
+                    objects.push(&row.object);
+                }
+                taken += 1;
+            }
+            let (part, after) = rest.split_at(taken);
+            let txn =
+                objects.iter().fold(Txn::new(), |txn, object| txn.check_absent(keys::dead(object)));
+            let txn = part.iter().fold(txn, |txn, row| {
                 txn.put(keys::chunk_ref(&row.id, row.first_seq_num), row.encode())
             });
-            self.store.commit(txn).await?;
+            match self.store.commit(txn).await {
+                Ok(_) => {}
+                Err(MetaError::Conflict { .. }) => {
+                    return Err(Error::ObjectDead { objects: objects.join(", ") });
+                }
+                Err(error) => return Err(error.into()),
+            }
+            rest = after;
         }
         Ok(())
+    }
+
+    /// Marks `object` dead at `at_ms` unless it is marked already; returns the time of
+    /// its mark.
+    pub async fn mark_dead(&self, object: &str, at_ms: u64) -> Result<u64> {
+        let key = keys::dead(object);
+        if let Some(found) = self.store.get(&key).await? {
+            return dead_mark_time(&key, &found.value);
+        }
+        match self
+            .store
+            .commit(
+                Txn::new().check_absent(key.clone()).put(key.clone(), at_ms.to_le_bytes().to_vec()),
+            )
+            .await
+        {
+            Ok(_) => Ok(at_ms),
+            Err(MetaError::Conflict { .. }) => match self.store.get(&key).await? {
+                Some(found) => dead_mark_time(&key, &found.value),
+                None => Err(Error::Contended { op: "mark an object dead", attempts: 1 }),
+            },
+            Err(error) => Err(error.into()),
+        }
+    }
+
+    /// Removes the dead mark of `object` (deleted, or referenced again).
+    pub async fn unmark_dead(&self, object: &str) -> Result<()> {
+        self.store.commit(Txn::new().delete(keys::dead(object))).await?;
+        Ok(())
+    }
+
+    /// One page of dead marks after `after`: (object, marked at).
+    pub async fn dead_page(&self, after: Option<&str>) -> Result<(Vec<(String, u64)>, bool)> {
+        let start = after.map(keys::dead);
+        let page =
+            self.store.scan(keys::DEAD, start.as_deref(), crate::meta::SCAN_ENTRIES_MAX).await?;
+        let mut marks = Vec::with_capacity(page.entries.len());
+        for (key, found) in &page.entries {
+            let object = std::str::from_utf8(&key[keys::DEAD.len()..])
+                .map_err(|_| corrupt(key, "object key is not UTF-8"))?;
+            marks.push((object.to_owned(), dead_mark_time(key, &found.value)?));
+        }
+        Ok((marks, page.more))
+    }
+
+    /// One page of refs of every stream after the ref key `after` (the auditor's sweep).
+    pub async fn refs_page(&self, after: Option<&[u8]>) -> Result<(Vec<RefRow>, Option<Vec<u8>>)> {
+        let page = self.store.scan(keys::REFS, after, crate::meta::SCAN_ENTRIES_MAX).await?;
+        let mut refs = Vec::with_capacity(page.entries.len());
+        for (key, found) in &page.entries {
+            refs.push(RefRow::decode(&found.value).map_err(|error| corrupt(key, error))?);
+        }
+        let next = if page.more { page.entries.last().map(|(key, _)| key.clone()) } else { None };
+        Ok((refs, next))
+    }
+
+    /// One page of every stream row, live or deleted, after `after`, in ID order.
+    pub async fn all_streams_page(
+        &self,
+        after: Option<StreamId>,
+    ) -> Result<(Vec<StreamRecord>, Option<StreamId>)> {
+        let start = after.map(|id| keys::stream(&id));
+        let page =
+            self.store.scan(keys::STREAMS, start.as_deref(), crate::meta::SCAN_ENTRIES_MAX).await?;
+        let mut records = Vec::with_capacity(page.entries.len());
+        for (key, found) in page.entries {
+            let row = StreamRow::decode(&found.value).map_err(|error| corrupt(&key, error))?;
+            records.push(stream_record(row, found.version));
+        }
+        let next = if page.more { records.last().map(|r| r.id) } else { None };
+        Ok((records, next))
     }
 
     /// Every ref of the stream, in sequence order.
@@ -934,6 +1013,12 @@ fn committed(result: Result<Revision, MetaError>) -> Result<Option<Revision>> {
         Err(MetaError::Conflict { .. }) => Ok(None),
         Err(error) => Err(error.into()),
     }
+}
+
+fn dead_mark_time(key: &[u8], value: &[u8]) -> Result<u64> {
+    let bytes: [u8; 8] =
+        value.try_into().map_err(|_| corrupt(key, format!("{} bytes, not 8", value.len())))?;
+    Ok(u64::from_le_bytes(bytes))
 }
 
 fn corrupt(key: &[u8], reason: impl std::fmt::Display) -> Error {
