@@ -400,7 +400,9 @@ async fn read_body(request: Request<Incoming>, limit: u64) -> Result<Bytes, ApiE
 
 async fn metrics(shared: &Shared) -> Answer {
     let stats = shared.client.stats().await?;
-    let mut response = Response::new(Body::full(shared.metrics.render(&stats)));
+    let (uploader, auditor) = (shared.client.uploader_stats(), shared.client.auditor_stats());
+    let mut response =
+        Response::new(Body::full(shared.metrics.render(&stats, &uploader, &auditor)));
     response.headers_mut().insert(
         header::CONTENT_TYPE,
         HeaderValue::from_static("text/plain; version=0.0.4; charset=utf-8"),

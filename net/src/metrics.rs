@@ -6,7 +6,9 @@ use std::collections::BTreeMap;
 use std::fmt::Write as _;
 use std::sync::Mutex;
 
+use engine::auditor::AuditorStats;
 use engine::shard::ShardStats;
+use engine::uploader::UploaderStats;
 
 #[derive(Default)]
 struct ShardCounters {
@@ -61,7 +63,12 @@ impl Metrics {
     }
 
     /// The Prometheus text exposition.
-    pub fn render(&self, stats: &[ShardStats]) -> String {
+    pub fn render(
+        &self,
+        stats: &[ShardStats],
+        uploader: &UploaderStats,
+        auditor: &AuditorStats,
+    ) -> String {
         let mut requests: BTreeMap<(&'static str, u16), u64> = BTreeMap::new();
         let mut out = String::new();
         out.push_str(
@@ -110,16 +117,108 @@ impl Metrics {
         for (shard, _, _, in_flight) in &connections {
             let _ = writeln!(out, "nova_http_requests_in_flight{{shard=\"{shard}\"}} {in_flight}");
         }
-        let engine_counters: [EngineCounter; 3] = [
-            ("nova_shard_groups_total", "group commits written", |s| s.groups),
-            ("nova_shard_chunks_total", "chunks made durable", |s| s.chunks),
-            ("nova_shard_batches_acked_total", "append batches acknowledged", |s| s.batches_acked),
+        let engine_counters: [(EngineCounter, &str); 8] = [
+            (("nova_shard_groups_total", "journal group commits written", |s| s.groups), "counter"),
+            (("nova_shard_chunks_total", "chunks made durable", |s| s.chunks), "counter"),
+            (
+                ("nova_shard_batches_acked_total", "append batches acknowledged", |s| {
+                    s.batches_acked
+                }),
+                "counter",
+            ),
+            (
+                ("nova_shard_upload_jobs_total", "upload jobs applied (refs durable)", |s| {
+                    s.upload_jobs
+                }),
+                "counter",
+            ),
+            (
+                ("nova_shard_reads_waiting", "long polls waiting for records", |s| s.reads_waiting),
+                "gauge",
+            ),
+            (
+                ("nova_settled_objects_total", "settled objects written", |s| s.settled_objects),
+                "counter",
+            ),
+            (
+                ("nova_settle_failures_total", "settles that failed (retried)", |s| {
+                    s.settle_failures
+                }),
+                "counter",
+            ),
+            (
+                ("nova_retention_trims_total", "trims made by age retention", |s| {
+                    s.retention_trims
+                }),
+                "counter",
+            ),
         ];
-        for (name, help, value) in engine_counters {
-            let _ = writeln!(out, "# HELP {name} {help}, per shard.\n# TYPE {name} counter");
+        for ((name, help, value), kind) in engine_counters {
+            let _ = writeln!(out, "# HELP {name} {help}, per shard.\n# TYPE {name} {kind}");
             for (shard, stats) in stats.iter().enumerate() {
                 let _ = writeln!(out, "{name}{{shard=\"{shard}\"}} {}", value(stats));
             }
+        }
+        let node: [(&str, &str, &str, u64); 11] = [
+            ("nova_uploader_bundles_total", "counter", "transit bundles written", uploader.bundles),
+            (
+                "nova_uploader_bundle_bytes_total",
+                "counter",
+                "bytes of transit bundles written",
+                uploader.bundle_bytes,
+            ),
+            (
+                "nova_uploader_put_attempts_total",
+                "counter",
+                "object PUT attempts",
+                uploader.put_attempts,
+            ),
+            (
+                "nova_uploader_put_failures_total",
+                "counter",
+                "object PUT attempts that failed (retried)",
+                uploader.put_failures,
+            ),
+            (
+                "nova_uploader_queue_depth",
+                "gauge",
+                "upload requests queued for the uploader",
+                uploader.queue_depth as u64,
+            ),
+            (
+                "nova_uploader_put_latency_p50_microseconds",
+                "gauge",
+                "bundle upload latency, median, retries included",
+                uploader.put_latency_us_p50,
+            ),
+            (
+                "nova_uploader_put_latency_p99_microseconds",
+                "gauge",
+                "bundle upload latency, 99th percentile, retries included",
+                uploader.put_latency_us_p99,
+            ),
+            (
+                "nova_auditor_dead_objects",
+                "gauge",
+                "objects marked dead and not yet deleted",
+                auditor.dead_objects,
+            ),
+            (
+                "nova_auditor_backlog_seconds",
+                "gauge",
+                "age of the oldest dead object not yet deleted (the reclamation backlog)",
+                auditor.oldest_dead_age_ms / 1000,
+            ),
+            (
+                "nova_auditor_objects_deleted_total",
+                "counter",
+                "objects the auditor deleted",
+                auditor.objects_deleted,
+            ),
+            ("nova_auditor_passes_total", "counter", "auditor passes", auditor.passes),
+        ];
+        for (name, kind, help, value) in node {
+            let _ = writeln!(out, "# HELP {name} {help}.\n# TYPE {name} {kind}\n{name} {value}");
         }
         out
     }
