@@ -650,3 +650,36 @@ fn age_retention_trims_a_quiet_stream_on_time_and_follows_reconfigure() {
     drop(client);
     node.stop();
 }
+
+#[test]
+fn trim_by_timestamp_goes_to_the_first_record_stamped_at_or_after_it() {
+    use std::sync::Arc;
+    use std::sync::atomic::{AtomicU64, Ordering};
+
+    let dir = tempfile::tempdir().expect("tempdir");
+    let now = Arc::new(AtomicU64::new(1_800_000_000_000));
+    let clock = {
+        let now = Arc::clone(&now);
+        move || now.load(Ordering::SeqCst)
+    };
+    let node = engine::node::Node::start_with_clock(config(dir.path(), 1), Arc::new(clock))
+        .expect("start");
+    let client = node.client();
+    let bucket = make_bucket(&client, "trimt", express(), true);
+    let key = key("k");
+    let t0 = now.load(Ordering::SeqCst);
+    for (i, bodies) in [["a", "b"], ["c", "d"], ["e", "f"]].iter().enumerate() {
+        now.store(t0 + 10 * i as u64, Ordering::SeqCst);
+        block_on(client.append(&bucket, &key, plain(bodies))).expect("append");
+    }
+    let trim = |t: u64| block_on(client.trim(&bucket, &key, TrimTo::Timestamp(t))).expect("trim");
+    assert_eq!(trim(t0 + 5), 2, "the first record stamped at or after t0+5 is c");
+    assert_eq!(trim(t0), 2, "never backward");
+    assert_eq!(trim(t0 + 10), 2);
+    assert_eq!(trim(t0 + 11), 4);
+    assert_eq!(trim(t0 + 1_000), 6, "past every record: the tail");
+    let read = block_on(client.read(&bucket, &key, read_request(ReadStart::SeqNum(0))));
+    assert_eq!(read.expect("read").record_count, 0, "nothing below the watermark is readable");
+    drop(client);
+    node.stop();
+}
