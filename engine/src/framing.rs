@@ -215,7 +215,7 @@ impl<'a> AppendFrame<'a> {
 }
 
 /// Builds an append body record by record.
-#[derive(Debug, Default)]
+#[derive(Clone, Debug, Default)]
 pub struct AppendBuilder {
     lengths: Vec<u8>,
     data: Vec<u8>,
@@ -253,11 +253,51 @@ impl AppendBuilder {
         self.lengths.is_empty()
     }
 
+    /// Stored-record bytes so far.
+    pub fn stored_bytes(&self) -> usize {
+        self.data.len()
+    }
+
+    /// The stored records, one slice each, in order.
+    pub fn records(&self) -> impl Iterator<Item = &[u8]> {
+        let mut data = self.data.as_slice();
+        self.lengths.chunks_exact(4).map(move |length| {
+            let len = crate::le::u32_at(length, 0) as usize;
+            let (record, rest) = data.split_at(len);
+            data = rest;
+            record
+        })
+    }
+
+    /// Empties the batch, keeping its buffers for the next one.
+    pub fn clear(&mut self) {
+        self.lengths.clear();
+        self.data.clear();
+    }
+
+    /// Bytes of the body [`AppendBuilder::finish`] makes with these conditions.
+    pub fn framed_len(&self, conditions: &AppendConditions<'_>) -> usize {
+        APPEND_PREFIX_LEN
+            + conditions.fencing_token.map_or(0, str::len)
+            + self.lengths.len()
+            + self.data.len()
+    }
+
     /// The body, with the conditions in its prefix.
     ///
     /// # Panics
     /// If the fencing token is over 255 bytes (the domain limit is 36; check it first).
     pub fn finish(&self, conditions: &AppendConditions<'_>) -> Vec<u8> {
+        let mut out = Vec::with_capacity(self.framed_len(conditions));
+        self.finish_into(conditions, &mut out);
+        out
+    }
+
+    /// [`AppendBuilder::finish`] into the end of `out` (a reused request buffer).
+    ///
+    /// # Panics
+    /// If the fencing token is over 255 bytes (the domain limit is 36; check it first).
+    pub fn finish_into(&self, conditions: &AppendConditions<'_>, out: &mut Vec<u8>) {
         let token = conditions.fencing_token.unwrap_or("");
         let token_len = u8::try_from(token.len()).expect("fencing tokens are checked to be short");
         let mut flags = 0;
@@ -270,9 +310,7 @@ impl AppendBuilder {
         if conditions.fencing_token.is_some() {
             flags |= FLAG_FENCING_TOKEN;
         }
-        let mut out = Vec::with_capacity(
-            APPEND_PREFIX_LEN + token.len() + self.lengths.len() + self.data.len(),
-        );
+        out.reserve(self.framed_len(conditions));
         out.extend_from_slice(&[VERSION, flags, token_len, 0]);
         out.extend_from_slice(
             &u32::try_from(self.len()).expect("a batch is far below 4 Gi records").to_le_bytes(),
@@ -282,7 +320,6 @@ impl AppendBuilder {
         out.extend_from_slice(token.as_bytes());
         out.extend_from_slice(&self.lengths);
         out.extend_from_slice(&self.data);
-        out
     }
 }
 
@@ -442,6 +479,26 @@ mod tests {
         builder.push::<&[u8], &[u8]>(&[], b"hi").expect("fits");
         builder.push(&[(b"k", b"v")], b"hi").expect("fits");
         builder.finish(conditions)
+    }
+
+    #[test]
+    fn a_reused_builder_frames_exactly_what_a_fresh_one_does() {
+        let conditions =
+            AppendConditions { match_seq_num: Some(7), fencing_token: Some("t"), timestamp: None };
+        let mut reused = AppendBuilder::new();
+        reused.push::<&[u8], &[u8]>(&[], b"an earlier, longer batch").expect("fits");
+        reused.clear();
+        assert!(reused.is_empty() && reused.stored_bytes() == 0);
+        reused.push::<&[u8], &[u8]>(&[], b"hi").expect("fits");
+        reused.push(&[(b"k", b"v")], b"hi").expect("fits");
+        let fresh = sample_append(&conditions);
+        let mut out = b"kept".to_vec();
+        reused.finish_into(&conditions, &mut out);
+        assert_eq!(&out[..4], b"kept", "finish_into appends");
+        assert_eq!(out[4..], fresh[..]);
+        assert_eq!(reused.framed_len(&conditions), fresh.len());
+        let frame = AppendFrame::decode(&fresh).expect("valid");
+        assert!(reused.records().eq(frame.records()), "records() are the framed records");
     }
 
     #[test]

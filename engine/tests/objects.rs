@@ -22,7 +22,7 @@ use engine::names::{BucketName, StreamKey};
 use engine::node::{Client, NodeConfig, ObjectStoreConfig};
 use engine::options::StorageClass;
 use s3::testing::{Moto, Proxy};
-use s3::{ObjectStore, S3Config, S3Credentials, TransferPolicy};
+use s3::{ObjectStore, S3Config, TransferPolicy};
 
 /// How long a condition may take to come true before the test fails.
 const WAIT_MAX: Duration = Duration::from_secs(60);
@@ -50,20 +50,12 @@ fn s3() -> Backend {
     moto.create_bucket("nova");
     let proxy = Proxy::start(moto.port, Vec::new());
     let config = S3Config {
-        endpoint: Some(proxy.endpoint()),
-        region: Some("us-east-1".into()),
-        path_style: true,
-        credentials: Some(S3Credentials {
-            access_key_id: "nova-test".into(),
-            secret_access_key: "nova-test-secret".into(),
-            session_token: None,
-        }),
         policy: TransferPolicy {
             backoff_initial: Duration::from_millis(5),
             backoff_max: Duration::from_millis(50),
             ..TransferPolicy::default()
         },
-        ..S3Config::new("nova")
+        ..s3::testing::config_for(&proxy.endpoint(), "nova")
     };
     Backend {
         name: "s3",

@@ -93,6 +93,12 @@ pub fn free_port() -> u16 {
 }
 
 impl Moto {
+    /// A configuration for `bucket` on this server: path-style, a fixed region and test
+    /// credentials (moto takes any), default transfer policy.
+    pub fn config(&self, bucket: &str) -> crate::S3Config {
+        config_for(&self.endpoint(), bucket)
+    }
+
     /// Creates `bucket` with one plain HTTP request (moto checks no signature).
     pub fn create_bucket(&self, bucket: &str) {
         let mut stream = TcpStream::connect(("127.0.0.1", self.port)).expect("connect to moto");
@@ -104,6 +110,21 @@ impl Moto {
         let mut answer = String::new();
         let _ = stream.read_to_string(&mut answer);
         assert!(answer.starts_with("HTTP/1.1 200"), "CreateBucket {bucket}: {answer}");
+    }
+}
+
+/// A test configuration for `bucket` at `endpoint` (moto, or a proxy in front of it).
+pub fn config_for(endpoint: &str, bucket: &str) -> crate::S3Config {
+    crate::S3Config {
+        endpoint: Some(endpoint.to_owned()),
+        region: Some("us-east-1".into()),
+        path_style: true,
+        credentials: Some(crate::S3Credentials {
+            access_key_id: "nova-test".into(),
+            secret_access_key: "nova-test-secret".into(),
+            session_token: None,
+        }),
+        ..crate::S3Config::new(bucket)
     }
 }
 

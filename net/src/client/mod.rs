@@ -30,7 +30,7 @@ use std::time::Duration;
 
 use base64::Engine as _;
 use base64::engine::general_purpose::STANDARD as BASE64;
-use engine::framing::{self, Frame};
+use engine::framing::{self, AppendBuilder, AppendConditions, Frame};
 use engine::limits::FENCING_TOKEN_BYTES_MAX;
 use engine::options::{OptionScope, ProducerPolicy, StorageClass, TimestampingMode};
 use serde_json::{Map, Value, json};
@@ -437,8 +437,8 @@ impl Conditions {
 /// its buffers have grown.
 #[derive(Clone, Debug, Default)]
 pub struct Batch {
-    lengths: Vec<u8>,
-    data: Vec<u8>,
+    /// The one encoder of the framing (engine::framing), with its golden vectors.
+    builder: AppendBuilder,
     timestamp: Option<i64>,
 }
 
@@ -453,15 +453,8 @@ impl Batch {
         headers: &[(N, V)],
         body: &[u8],
     ) -> Result<()> {
-        let before = self.data.len();
-        engine::record::encode(headers, body, &mut self.data)
-            .map_err(|e| Error::Invalid(format!("record {}: {e}", self.len())))?;
-        let stored = u32::try_from(self.data.len() - before).map_err(|_| {
-            self.data.truncate(before);
-            Error::Invalid(format!("record {} is over 4 GiB", self.len()))
-        })?;
-        self.lengths.extend_from_slice(&stored.to_le_bytes());
-        Ok(())
+        let index = self.len();
+        self.builder.push(headers, body).map_err(|e| Error::Invalid(format!("record {index}: {e}")))
     }
 
     /// The batch's offered timestamp (ms); the server stamps the batch once (decisions.md).
@@ -470,67 +463,46 @@ impl Batch {
     }
 
     pub fn len(&self) -> usize {
-        self.lengths.len() / 4
+        self.builder.len()
     }
 
     pub fn is_empty(&self) -> bool {
-        self.lengths.is_empty()
+        self.builder.is_empty()
     }
 
     /// Encoded bytes of the records.
     pub fn stored_bytes(&self) -> usize {
-        self.data.len()
+        self.builder.stored_bytes()
     }
 
     pub fn clear(&mut self) {
-        self.lengths.clear();
-        self.data.clear();
+        self.builder.clear();
         self.timestamp = None;
     }
 
     /// The stored records, one slice each.
     fn records(&self) -> impl Iterator<Item = &[u8]> {
-        let mut data = self.data.as_slice();
-        self.lengths.chunks_exact(4).map(move |length| {
-            let len = u32::from_le_bytes([length[0], length[1], length[2], length[3]]);
-            let (record, rest) = data.split_at(len as usize);
-            data = rest;
-            record
-        })
+        self.builder.records()
+    }
+
+    fn framing_conditions<'a>(&self, conditions: &'a Conditions) -> AppendConditions<'a> {
+        AppendConditions {
+            match_seq_num: conditions.match_seq_num,
+            fencing_token: conditions.fencing_token.as_deref(),
+            timestamp: self.timestamp,
+        }
     }
 
     /// Length of the framed body with these conditions.
     fn framed_len(&self, conditions: &Conditions) -> usize {
-        framing::APPEND_PREFIX_LEN
-            + conditions.fencing_token.as_ref().map_or(0, String::len)
-            + self.lengths.len()
-            + self.data.len()
+        self.builder.framed_len(&self.framing_conditions(conditions))
     }
 
     /// Appends the framed body (framing.rs) to `out`.
     fn write_framed(&self, conditions: &Conditions, out: &mut Vec<u8>) -> Result<()> {
+        // Checked first: the encoder takes a fencing token only within the limit.
         conditions.check()?;
-        let count = u32::try_from(self.len())
-            .map_err(|_| Error::Invalid(format!("{} records in one batch", self.len())))?;
-        let token = conditions.fencing_token.as_deref().unwrap_or("");
-        let mut flags = 0u8;
-        if self.timestamp.is_some() {
-            flags |= 1;
-        }
-        if conditions.match_seq_num.is_some() {
-            flags |= 2;
-        }
-        if conditions.fencing_token.is_some() {
-            flags |= 4;
-        }
-        // The token length was checked against the 36-byte limit.
-        out.extend_from_slice(&[framing::VERSION, flags, token.len() as u8, 0]);
-        out.extend_from_slice(&count.to_le_bytes());
-        out.extend_from_slice(&conditions.match_seq_num.unwrap_or(0).to_le_bytes());
-        out.extend_from_slice(&self.timestamp.unwrap_or(0).to_le_bytes());
-        out.extend_from_slice(token.as_bytes());
-        out.extend_from_slice(&self.lengths);
-        out.extend_from_slice(&self.data);
+        self.builder.finish_into(&self.framing_conditions(conditions), out);
         Ok(())
     }
 

@@ -14,7 +14,7 @@ use std::time::Duration;
 
 #[allow(unused_imports)] // Each test binary uses its own part.
 pub use s3::testing::{Fault, Moto, Proxy, free_port};
-use s3::{ObjectStore, S3Config, S3Credentials, S3Store, TransferPolicy};
+use s3::{ObjectStore, S3Config, S3Store, TransferPolicy};
 
 /// How long one case may run before the test fails as stalled.
 const CASE_TIME_MAX: Duration = Duration::from_secs(240);
@@ -66,14 +66,6 @@ pub fn block_on<T>(future: impl Future<Output = T>) -> T {
 /// A test's S3 configuration for `endpoint`: moto takes any credentials.
 pub fn s3_config(endpoint: &str, bucket: &str) -> S3Config {
     S3Config {
-        endpoint: Some(endpoint.to_owned()),
-        region: Some("us-east-1".into()),
-        path_style: true,
-        credentials: Some(S3Credentials {
-            access_key_id: "nova-test".into(),
-            secret_access_key: "nova-test-secret".into(),
-            session_token: None,
-        }),
         policy: TransferPolicy {
             // Small parts so a 20 MiB object takes five (S3's smallest part is 5 MiB).
             multipart_threshold_bytes: 8 << 20,
@@ -82,7 +74,7 @@ pub fn s3_config(endpoint: &str, bucket: &str) -> S3Config {
             backoff_max: Duration::from_millis(50),
             ..TransferPolicy::default()
         },
-        ..S3Config::new(bucket)
+        ..s3::testing::config_for(endpoint, bucket)
     }
 }
 
