@@ -56,6 +56,8 @@ pub struct NodeConfig {
     pub handlers_max: u64,
     /// Where history lives.
     pub objects: ObjectStoreConfig,
+    /// The local directory store's settings (when `objects` is local).
+    pub local_store: s3::LocalDirOptions,
     pub uploader: UploaderConfig,
     pub auditor: AuditorConfig,
 }
@@ -70,13 +72,13 @@ pub enum ObjectStoreConfig {
 }
 
 impl ObjectStoreConfig {
-    fn open(&self) -> Result<Arc<dyn s3::ObjectStore>> {
+    fn open(&self, local: s3::LocalDirOptions) -> Result<Arc<dyn s3::ObjectStore>> {
         let store: Arc<dyn s3::ObjectStore> = match self {
-            ObjectStoreConfig::Local(root) => Arc::new(
-                s3::LocalDirStore::open(root, s3::LocalDirOptions::default()).map_err(|e| {
+            ObjectStoreConfig::Local(root) => {
+                Arc::new(s3::LocalDirStore::open(root, local).map_err(|e| {
                     Error::unavailable(format!("the object directory {} ({e})", root.display()))
-                })?,
-            ),
+                })?)
+            }
             ObjectStoreConfig::S3(config) => Arc::new(
                 s3::S3Store::new(config.as_ref().clone())
                     .map_err(|e| Error::unavailable(format!("the S3 object store ({e})")))?,
@@ -117,11 +119,86 @@ impl NodeConfig {
             inbox_depth: usize::try_from(tuning::SHARD_INBOX_DEPTH.default).expect("small"),
             handlers_max: tuning::SHARD_HANDLERS_MAX.default,
             objects: ObjectStoreConfig::Local(data_dir.join("objects")),
+            local_store: s3::LocalDirOptions::default(),
             uploader: UploaderConfig::default(),
             auditor: AuditorConfig::default(),
         }
     }
 }
+
+impl NodeConfig {
+    /// Sets every engine knob from `value` (a server's flags, environment and defaults,
+    /// `tuning::Knob::resolve`). The object store's transfer knobs (`s3-*`) belong to
+    /// its `S3Config`; the HTTP knobs to the server. [`ENGINE_KNOBS`] lists what it reads.
+    pub fn apply_knobs(
+        &mut self,
+        value: &mut dyn FnMut(tuning::Knob) -> std::result::Result<u64, String>,
+    ) -> std::result::Result<(), String> {
+        use std::time::Duration;
+        use tuning as t;
+        let count = |n: u64| usize::try_from(n).unwrap_or(usize::MAX);
+        let ms = Duration::from_millis;
+        self.shards = match value(t::SHARDS)? {
+            0 => default_shards(),
+            n => count(n),
+        };
+        self.shard.limits.record_bytes_max =
+            u32::try_from(value(t::RECORD_BYTES_MAX)?).unwrap_or(u32::MAX);
+        self.shard.memory_budget_bytes = value(t::SHARD_MEMORY_BYTES)?;
+        self.shard.express_chunk_bytes = count(value(t::EXPRESS_CHUNK_BYTES)?);
+        self.shard.uploads_in_flight_max = count(value(t::SHARD_UPLOADS_IN_FLIGHT_MAX)?);
+        self.shard.settle.target_bytes = value(t::SETTLE_TARGET_BYTES)?;
+        self.shard.settle.age = ms(value(t::SETTLE_AGE_MS)?);
+        self.shard.settle.interval = ms(value(t::SETTLE_INTERVAL_MS)?);
+        self.shard.retention_interval = ms(value(t::RETENTION_INTERVAL_MS)?);
+        self.inbox_depth = count(value(t::SHARD_INBOX_DEPTH)?);
+        self.handlers_max = value(t::SHARD_HANDLERS_MAX)?;
+        self.journal.segment_bytes = value(t::JOURNAL_SEGMENT_BYTES)?;
+        self.journal.spare_segments =
+            u32::try_from(value(t::JOURNAL_SPARE_SEGMENTS)?).unwrap_or(u32::MAX);
+        let uploader = &mut self.uploader;
+        uploader.bundle_bytes_target = value(t::BUNDLE_BYTES_TARGET)?;
+        uploader.bundle_delay = ms(value(t::BUNDLE_DELAY_MS)?);
+        uploader.uploads_in_flight_max = count(value(t::UPLOADS_IN_FLIGHT_MAX)?);
+        uploader.reads_in_flight_max = count(value(t::OBJECT_READS_IN_FLIGHT_MAX)?);
+        uploader.queue_depth = count(value(t::UPLOADER_QUEUE_DEPTH)?);
+        uploader.backoff_initial = ms(value(t::UPLOAD_BACKOFF_INITIAL_MS)?);
+        uploader.backoff_max = ms(value(t::UPLOAD_BACKOFF_MAX_MS)?);
+        uploader.drain = ms(value(t::UPLOADER_DRAIN_MS)?);
+        self.auditor.read_grace = ms(value(t::AUDITOR_READ_GRACE_MS)?);
+        self.auditor.interval = ms(value(t::AUDITOR_INTERVAL_MS)?);
+        self.local_store.io_concurrency = count(value(t::LOCAL_STORE_IO_CONCURRENCY)?);
+        Ok(())
+    }
+}
+
+/// The engine knobs [`NodeConfig::apply_knobs`] reads.
+pub const ENGINE_KNOBS: &[tuning::Knob] = &[
+    tuning::SHARDS,
+    tuning::RECORD_BYTES_MAX,
+    tuning::SHARD_MEMORY_BYTES,
+    tuning::EXPRESS_CHUNK_BYTES,
+    tuning::SHARD_UPLOADS_IN_FLIGHT_MAX,
+    tuning::SETTLE_TARGET_BYTES,
+    tuning::SETTLE_AGE_MS,
+    tuning::SETTLE_INTERVAL_MS,
+    tuning::RETENTION_INTERVAL_MS,
+    tuning::SHARD_INBOX_DEPTH,
+    tuning::SHARD_HANDLERS_MAX,
+    tuning::JOURNAL_SEGMENT_BYTES,
+    tuning::JOURNAL_SPARE_SEGMENTS,
+    tuning::BUNDLE_BYTES_TARGET,
+    tuning::BUNDLE_DELAY_MS,
+    tuning::UPLOADS_IN_FLIGHT_MAX,
+    tuning::OBJECT_READS_IN_FLIGHT_MAX,
+    tuning::UPLOADER_QUEUE_DEPTH,
+    tuning::UPLOAD_BACKOFF_INITIAL_MS,
+    tuning::UPLOAD_BACKOFF_MAX_MS,
+    tuning::UPLOADER_DRAIN_MS,
+    tuning::AUDITOR_READ_GRACE_MS,
+    tuning::AUDITOR_INTERVAL_MS,
+    tuning::LOCAL_STORE_IO_CONCURRENCY,
+];
 
 /// Every core but one (the uploader's and the metadata thread's), at least one.
 pub fn default_shards() -> usize {
@@ -244,7 +321,7 @@ impl Node {
         config.data_dir = std::path::absolute(&config.data_dir)
             .map_err(|e| io_error("resolve the data directory", &e))?;
         check_manifest(&config.data_dir, config.shards)?;
-        let store = config.objects.open()?;
+        let store = config.objects.open(config.local_store.clone())?;
         let uploader = Uploader::start(Arc::clone(&store), config.uploader.clone(), "")?;
         let meta = match RedbMetaStore::open(config.data_dir.join("meta"), config.meta) {
             Ok(meta) => meta,

@@ -683,3 +683,34 @@ fn trim_by_timestamp_goes_to_the_first_record_stamped_at_or_after_it() {
     drop(client);
     node.stop();
 }
+
+#[test]
+fn knobs_at_their_defaults_make_the_default_config_and_each_is_read_once() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let defaults = engine::node::NodeConfig::new(dir.path());
+    let mut applied = engine::node::NodeConfig::new(dir.path());
+    applied.shards = 0;
+    applied.uploader.bundle_delay = Duration::ZERO; // overwritten below, or the test fails
+    let mut read = Vec::new();
+    applied
+        .apply_knobs(&mut |knob| {
+            read.push(knob.flag);
+            Ok(knob.default)
+        })
+        .expect("defaults are valid");
+    assert_eq!(format!("{applied:?}"), format!("{defaults:?}"));
+    let listed: Vec<&str> = engine::node::ENGINE_KNOBS.iter().map(|k| k.flag).collect();
+    assert_eq!(read, listed, "ENGINE_KNOBS is what apply_knobs reads, in order");
+    // A knob's error stops the whole and names it.
+    let mut failing = engine::node::NodeConfig::new(dir.path());
+    let error = failing
+        .apply_knobs(&mut |knob| {
+            if knob.flag == "settle-age-ms" {
+                Err(format!("--{} is bad", knob.flag))
+            } else {
+                Ok(knob.default)
+            }
+        })
+        .expect_err("refused");
+    assert!(error.contains("settle-age-ms"), "{error}");
+}
