@@ -170,6 +170,8 @@ pub struct UploaderStats {
     pub put_latency_us_max: u64,
     /// The last PUT failure, as text.
     pub last_put_error: Option<String>,
+    /// Ranged GETs of history answered.
+    pub object_reads: u64,
 }
 
 /// The handle: cheap to clone, `Send + Sync`, usable from any thread or executor.
@@ -222,6 +224,7 @@ struct Counters {
     cut_by_size: AtomicU64,
     cut_by_delay: AtomicU64,
     cut_by_stop: AtomicU64,
+    object_reads: AtomicU64,
 }
 
 #[derive(Debug)]
@@ -385,6 +388,7 @@ impl Uploader {
             put_latency_us_p99: h.put_latency_us.value_at_quantile(0.99),
             put_latency_us_max: h.put_latency_us.max(),
             last_put_error: lock(&self.shared.last_put_error).clone(),
+            object_reads: c.object_reads.load(Ordering::Relaxed),
         }
     }
 
@@ -530,6 +534,7 @@ impl Engine {
             match side {
                 Side::Read { key, range, reply } => {
                     let answer = read_range(&*store, &key, range).await;
+                    shared.counters.object_reads.fetch_add(1, Ordering::Relaxed);
                     // The reader may have given up waiting.
                     let _ = reply.send(answer);
                 }
