@@ -19,6 +19,11 @@ const VERBS: &[(&str, &str, &str)] = &[
         "nova serve [--listen 127.0.0.1:8080] [--data-dir ./nova-data] [--KNOB VALUE ...]",
         "nova serve --listen 127.0.0.1:8080",
     ),
+    (
+        "doctor",
+        "nova doctor [--data-dir ./nova-data] [--json] [--s3-bucket B ...]   inspect this host",
+        "nova doctor --data-dir /var/lib/nova",
+    ),
     ("ls", "nova ls                      buckets, one name per line", "nova ls"),
     (
         "bucket create",
@@ -114,6 +119,9 @@ pub fn main(args: Vec<String>) -> i32 {
                 1
             }
         };
+    }
+    if args.first().map(String::as_str) == Some("doctor") {
+        return crate::doctor::main(&args[1..]);
     }
     match run(args) {
         Ok(()) => 0,

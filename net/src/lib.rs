@@ -11,6 +11,7 @@ pub mod api;
 pub mod body;
 pub mod cli;
 pub mod client;
+pub mod doctor;
 pub mod error;
 mod io;
 pub mod metrics;

@@ -16,7 +16,7 @@ use crate::metrics::Metrics;
 use crate::server::{self, ServerConfig};
 
 /// The knobs `nova serve` takes, besides `--listen` and `--data-dir`.
-pub const SERVE_KNOBS: [Knob; 11] = [
+pub const SERVE_KNOBS: [Knob; 14] = [
     tuning::SHARDS,
     tuning::RECORD_BYTES_MAX,
     tuning::SHARD_MEMORY_BYTES,
@@ -28,6 +28,9 @@ pub const SERVE_KNOBS: [Knob; 11] = [
     tuning::HTTP_CONNECTIONS_MAX,
     tuning::HTTP_BODY_BYTES_MAX,
     tuning::SSE_HEARTBEAT_MS,
+    tuning::BUNDLE_BYTES_TARGET,
+    tuning::BUNDLE_DELAY_MS,
+    tuning::UPLOADS_IN_FLIGHT_MAX,
 ];
 
 /// The object-store flags: with `--s3-bucket`, objects go to S3 instead of
@@ -52,8 +55,10 @@ pub const S3_FLAGS: [(&str, &str); 7] = [
 ];
 
 /// The S3 object store the flags ask for; None (the node's default, `<data-dir>/objects`)
-/// without `--s3-bucket`.
-fn object_store(flags: &[(String, String)]) -> Result<Option<ObjectStoreConfig>, String> {
+/// without `--s3-bucket`. `nova doctor` reads the same flags.
+pub(crate) fn object_store(
+    flags: &[(String, String)],
+) -> Result<Option<ObjectStoreConfig>, String> {
     let Some(bucket) = flag_value(flags, "s3-bucket") else {
         if let Some((name, _)) = flags.iter().find(|(name, _)| name.starts_with("s3-")) {
             return Err(format!(
@@ -196,6 +201,9 @@ pub fn run(args: &[String]) -> Result<(), String> {
     config.journal.segment_bytes = knob(&flags, tuning::JOURNAL_SEGMENT_BYTES)?;
     config.journal.spare_segments =
         u32::try_from(knob(&flags, tuning::JOURNAL_SPARE_SEGMENTS)?).unwrap_or(u32::MAX);
+    config.uploader.bundle_bytes_target = knob(&flags, tuning::BUNDLE_BYTES_TARGET)?;
+    config.uploader.bundle_delay = Duration::from_millis(knob(&flags, tuning::BUNDLE_DELAY_MS)?);
+    config.uploader.uploads_in_flight_max = to_usize(knob(&flags, tuning::UPLOADS_IN_FLIGHT_MAX)?);
     let mut server_config = ServerConfig::new(listen);
     server_config.connections_max = knob(&flags, tuning::HTTP_CONNECTIONS_MAX)?;
     server_config.settings.body_bytes_max = knob(&flags, tuning::HTTP_BODY_BYTES_MAX)?;

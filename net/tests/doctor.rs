@@ -1,0 +1,166 @@
+//! `nova doctor`, the real binary: every finding is reported with a status, an unusable
+//! data directory fails the run, and the S3 round trip works against moto and leaves
+//! nothing behind.
+
+use std::path::Path;
+use std::process::{Command, Output};
+
+use s3::ObjectStore as _;
+use s3::testing::Moto;
+use serde_json::Value;
+
+/// Every check the doctor runs, in its order (docs/doctor.md).
+const CHECKS: [&str; 11] = [
+    "cores",
+    "memory",
+    "kernel",
+    "io_uring",
+    "memlock",
+    "data_dir",
+    "o_direct",
+    "io_poll",
+    "fdatasync",
+    "disk_space",
+    "object_store",
+];
+
+fn doctor(args: &[&str]) -> Output {
+    Command::new(env!("CARGO_BIN_EXE_nova")).arg("doctor").args(args).output().expect("run nova")
+}
+
+/// Runs `nova doctor --json` on `data_dir`; the exit code and the report.
+fn doctor_json(data_dir: &Path, extra: &[&str]) -> (i32, Value) {
+    let dir = data_dir.to_str().expect("utf-8 path");
+    let mut args = vec!["--json", "--data-dir", dir, "--sync-writes", "20"];
+    args.extend_from_slice(extra);
+    let out = doctor(&args);
+    let report: Value = serde_json::from_slice(&out.stdout).unwrap_or_else(|e| {
+        panic!(
+            "not json ({e}): {}\nstderr: {}",
+            String::from_utf8_lossy(&out.stdout),
+            String::from_utf8_lossy(&out.stderr)
+        )
+    });
+    (out.status.code().expect("exited"), report)
+}
+
+fn status<'a>(report: &'a Value, check: &str) -> &'a str {
+    report["findings"]
+        .as_array()
+        .expect("findings")
+        .iter()
+        .find(|f| f["check"] == check)
+        .and_then(|f| f["status"].as_str())
+        .unwrap_or_else(|| panic!("no finding {check}: {report}"))
+}
+
+/// Every check appears once, in order, with a status and a one-line finding, and the
+/// exit code says whether any failed.
+fn check_shape(code: i32, report: &Value) {
+    let findings = report["findings"].as_array().expect("findings");
+    let names: Vec<&str> = findings.iter().map(|f| f["check"].as_str().expect("check")).collect();
+    assert_eq!(names, CHECKS, "{report}");
+    for f in findings {
+        assert!(["ok", "warn", "fail"].contains(&f["status"].as_str().expect("status")), "{f}");
+        let found = f["found"].as_str().expect("found");
+        assert!(!found.is_empty() && !found.contains('\n'), "{f}");
+        assert!(f["recommendation"].is_null() || f["recommendation"].is_string(), "{f}");
+    }
+    let fails = findings.iter().filter(|f| f["status"] == "fail").count();
+    assert_eq!(report["fail"], fails, "{report}");
+    assert_eq!(code, if fails > 0 { 1 } else { 0 }, "{report}");
+}
+
+#[test]
+fn reports_every_finding_with_a_status_and_cleans_up() {
+    // Under the target directory: a real disk, unlike a tmpfs /tmp.
+    let dir = tempfile::tempdir_in(env!("CARGO_TARGET_TMPDIR")).expect("tempdir");
+    let data = dir.path().join("a/data");
+    let (code, report) = doctor_json(&data, &[]);
+    check_shape(code, &report);
+    assert_eq!(status(&report, "data_dir"), "ok", "{report}");
+    assert_eq!(report["data_dir"], data.to_str().expect("utf-8"));
+    // It made `a/data` for its probes and leaves the file system as it found it.
+    assert!(!dir.path().join("a").exists(), "the doctor left its directories behind");
+
+    // An existing data directory keeps exactly what it had.
+    std::fs::create_dir_all(&data).expect("mkdir");
+    std::fs::write(data.join("keep"), b"x").expect("write");
+    let (code, report) = doctor_json(&data, &[]);
+    check_shape(code, &report);
+    let left: Vec<_> = std::fs::read_dir(&data)
+        .expect("read_dir")
+        .map(|e| e.expect("entry").file_name())
+        .collect();
+    assert_eq!(left, ["keep"]);
+}
+
+#[test]
+fn an_unusable_data_dir_fails() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    // A data directory below a regular file cannot be created, even by root.
+    let file = dir.path().join("file");
+    std::fs::write(&file, b"not a directory").expect("write");
+    let (code, report) = doctor_json(&file.join("data"), &[]);
+    check_shape(code, &report);
+    assert_eq!(status(&report, "data_dir"), "fail", "{report}");
+    assert_eq!(code, 1);
+
+    // The text report says the same.
+    let out = doctor(&["--data-dir", file.join("data").to_str().expect("utf-8")]);
+    assert_eq!(out.status.code(), Some(1));
+    let text = String::from_utf8_lossy(&out.stdout);
+    assert!(text.lines().any(|l| l.starts_with("fail  data_dir")), "{text}");
+}
+
+#[test]
+fn help_and_usage_mistakes() {
+    let out = doctor(&["--help"]);
+    assert!(out.status.success());
+    let text = String::from_utf8_lossy(&out.stdout);
+    assert!(text.contains("example: nova doctor"), "{text}");
+    assert!(text.contains("--s3-bucket"), "{text}");
+    // Usage mistakes exit 2 before any check runs.
+    assert_eq!(doctor(&["--bogus", "1"]).status.code(), Some(2));
+    assert_eq!(doctor(&["--s3-prefix", "p"]).status.code(), Some(2));
+}
+
+#[test]
+fn s3_round_trip_against_moto() {
+    let moto = Moto::start();
+    moto.create_bucket("nova");
+    let dir = tempfile::tempdir_in(env!("CARGO_TARGET_TMPDIR")).expect("tempdir");
+    let endpoint = moto.endpoint();
+    let s3 = [
+        "--s3-bucket",
+        "nova",
+        "--s3-endpoint",
+        &endpoint,
+        "--s3-region",
+        "us-east-1",
+        "--s3-path-style",
+        "--s3-access-key-id",
+        "test",
+        "--s3-secret-access-key",
+        "test",
+    ];
+    let (code, report) = doctor_json(&dir.path().join("data"), &s3);
+    check_shape(code, &report);
+    assert_eq!(status(&report, "object_store"), "ok", "{report}");
+    let details = &report["findings"][10]["details"];
+    assert_eq!(details["store"], "s3", "{report}");
+    assert!(details["put_us"].as_u64().is_some_and(|us| us > 0), "{report}");
+
+    // Its objects are gone.
+    let store = s3::S3Store::new(moto.config("nova")).expect("store");
+    let runtime = tokio::runtime::Builder::new_current_thread().enable_all().build().expect("rt");
+    let page = runtime.block_on(store.list("nova-doctor/", None, 100)).expect("list");
+    assert!(page.objects.is_empty(), "left behind: {:?}", page.objects);
+
+    // A bucket that does not exist fails the check and the run.
+    let mut missing = s3;
+    missing[1] = "no-such-bucket";
+    let (code, report) = doctor_json(&dir.path().join("data"), &missing);
+    check_shape(code, &report);
+    assert_eq!(status(&report, "object_store"), "fail", "{report}");
+}
