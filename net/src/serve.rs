@@ -15,22 +15,22 @@ use tuning::Knob;
 use crate::metrics::Metrics;
 use crate::server::{self, ServerConfig};
 
-/// The knobs `nova serve` takes, besides `--listen` and `--data-dir`.
-pub const SERVE_KNOBS: [Knob; 14] = [
-    tuning::SHARDS,
-    tuning::RECORD_BYTES_MAX,
-    tuning::SHARD_MEMORY_BYTES,
-    tuning::EXPRESS_CHUNK_BYTES,
-    tuning::SHARD_INBOX_DEPTH,
-    tuning::SHARD_HANDLERS_MAX,
-    tuning::JOURNAL_SEGMENT_BYTES,
-    tuning::JOURNAL_SPARE_SEGMENTS,
-    tuning::HTTP_CONNECTIONS_MAX,
-    tuning::HTTP_BODY_BYTES_MAX,
-    tuning::SSE_HEARTBEAT_MS,
-    tuning::BUNDLE_BYTES_TARGET,
-    tuning::BUNDLE_DELAY_MS,
-    tuning::UPLOADS_IN_FLIGHT_MAX,
+/// The HTTP server's knobs; the engine's are `engine::node::ENGINE_KNOBS` and the S3
+/// store's [`S3_KNOBS`]. Together they are every knob (`tuning::KNOBS`), and `nova serve`
+/// takes each as a flag.
+pub const HTTP_KNOBS: [Knob; 3] =
+    [tuning::HTTP_CONNECTIONS_MAX, tuning::HTTP_BODY_BYTES_MAX, tuning::SSE_HEARTBEAT_MS];
+
+/// The S3 store's transfer knobs (used with `--s3-bucket`).
+pub const S3_KNOBS: [Knob; 8] = [
+    tuning::S3_ATTEMPT_TIMEOUT_MS,
+    tuning::S3_TRANSFER_BYTES_PER_SECOND_MIN,
+    tuning::S3_ATTEMPTS_MAX,
+    tuning::S3_BACKOFF_INITIAL_MS,
+    tuning::S3_BACKOFF_MAX_MS,
+    tuning::S3_MULTIPART_THRESHOLD_BYTES,
+    tuning::S3_MULTIPART_PART_BYTES,
+    tuning::S3_MULTIPART_CONCURRENCY,
 ];
 
 /// The object-store flags: with `--s3-bucket`, objects go to S3 instead of
@@ -71,6 +71,17 @@ pub(crate) fn object_store(
         return Err("--s3-bucket must name a bucket, not be empty".into());
     }
     let mut config = S3Config::new(bucket);
+    let ms = |k| knob(flags, k).map(Duration::from_millis);
+    config.policy = s3::TransferPolicy {
+        attempt_timeout: ms(tuning::S3_ATTEMPT_TIMEOUT_MS)?,
+        transfer_bytes_per_second_min: knob(flags, tuning::S3_TRANSFER_BYTES_PER_SECOND_MIN)?,
+        attempts_max: u32::try_from(knob(flags, tuning::S3_ATTEMPTS_MAX)?).unwrap_or(u32::MAX),
+        backoff_initial: ms(tuning::S3_BACKOFF_INITIAL_MS)?,
+        backoff_max: ms(tuning::S3_BACKOFF_MAX_MS)?,
+        multipart_threshold_bytes: knob(flags, tuning::S3_MULTIPART_THRESHOLD_BYTES)?,
+        multipart_part_bytes: knob(flags, tuning::S3_MULTIPART_PART_BYTES)?,
+        multipart_concurrency: to_usize(knob(flags, tuning::S3_MULTIPART_CONCURRENCY)?),
+    };
     config.prefix = flag_value(flags, "s3-prefix").unwrap_or_default().to_owned();
     config.endpoint = flag_value(flags, "s3-endpoint").map(str::to_owned);
     config.region = flag_value(flags, "s3-region").map(str::to_owned);
@@ -118,7 +129,7 @@ pub fn help() -> String {
             knob.flag, knob.env, knob.default, knob.help
         ));
     }
-    for knob in SERVE_KNOBS {
+    for knob in tuning::KNOBS {
         text.push_str(&format!(
             "  --{} ({}, default {}, {}..={}): {}\n",
             knob.flag, knob.env, knob.default, knob.min, knob.max, knob.help
@@ -161,7 +172,7 @@ pub fn run(args: &[String]) -> Result<(), String> {
             }
         };
         let known = tuning::TEXT_KNOBS.iter().any(|k| k.flag == name)
-            || SERVE_KNOBS.iter().any(|k| k.flag == name)
+            || tuning::KNOBS.iter().any(|k| k.flag == name)
             || S3_FLAGS.iter().any(|(flag, _)| *flag == name);
         if !known {
             return Err(format!("unknown flag --{name}\n\n{}", help()));
@@ -188,22 +199,7 @@ pub fn run(args: &[String]) -> Result<(), String> {
     if let Some(objects) = object_store(&flags)? {
         config.objects = objects;
     }
-    let shards = knob(&flags, tuning::SHARDS)?;
-    if shards > 0 {
-        config.shards = to_usize(shards);
-    }
-    config.shard.limits.record_bytes_max =
-        u32::try_from(knob(&flags, tuning::RECORD_BYTES_MAX)?).unwrap_or(u32::MAX);
-    config.shard.memory_budget_bytes = knob(&flags, tuning::SHARD_MEMORY_BYTES)?;
-    config.shard.express_chunk_bytes = to_usize(knob(&flags, tuning::EXPRESS_CHUNK_BYTES)?);
-    config.inbox_depth = to_usize(knob(&flags, tuning::SHARD_INBOX_DEPTH)?);
-    config.handlers_max = knob(&flags, tuning::SHARD_HANDLERS_MAX)?;
-    config.journal.segment_bytes = knob(&flags, tuning::JOURNAL_SEGMENT_BYTES)?;
-    config.journal.spare_segments =
-        u32::try_from(knob(&flags, tuning::JOURNAL_SPARE_SEGMENTS)?).unwrap_or(u32::MAX);
-    config.uploader.bundle_bytes_target = knob(&flags, tuning::BUNDLE_BYTES_TARGET)?;
-    config.uploader.bundle_delay = Duration::from_millis(knob(&flags, tuning::BUNDLE_DELAY_MS)?);
-    config.uploader.uploads_in_flight_max = to_usize(knob(&flags, tuning::UPLOADS_IN_FLIGHT_MAX)?);
+    config.apply_knobs(&mut |k| knob(&flags, k))?;
     let mut server_config = ServerConfig::new(listen);
     server_config.connections_max = knob(&flags, tuning::HTTP_CONNECTIONS_MAX)?;
     server_config.settings.body_bytes_max = knob(&flags, tuning::HTTP_BODY_BYTES_MAX)?;
@@ -241,4 +237,20 @@ pub fn run(args: &[String]) -> Result<(), String> {
     node.stop();
     eprintln!("nova: stopped");
     Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn every_knob_is_read_by_exactly_one_part_of_the_server() {
+        let mut read: Vec<&str> = engine::node::ENGINE_KNOBS.iter().map(|k| k.flag).collect();
+        read.extend(HTTP_KNOBS.iter().map(|k| k.flag));
+        read.extend(S3_KNOBS.iter().map(|k| k.flag));
+        read.sort_unstable();
+        let mut all: Vec<&str> = tuning::KNOBS.iter().map(|k| k.flag).collect();
+        all.sort_unstable();
+        assert_eq!(read, all, "a knob no part reads (or two read) is a flag that does nothing");
+    }
 }
