@@ -33,10 +33,21 @@ const USAGE: &str = "usage: bench <codec|journal|engine|objects|http|all> [--qui
           (target/ci/nova, next to this binary), next to raw loopback TCP in the same run
           (writes under target/bench-http)
   all     every suite above
-  --quick small workloads, one pass: a smoke run, not a measurement";
+  --quick small workloads, one pass: a smoke run, not a measurement
+  --write-doc
+          also write the run's tables, with the machine's description, into
+          docs/benchmarks.md between its `bench:latest` markers (run from the workspace)";
+
+/// Where `--write-doc` puts the latest run, between these markers.
+const DOC: &str = "docs/benchmarks.md";
+const BEGIN: &str = "<!-- bench:latest:begin -->";
+const END: &str = "<!-- bench:latest:end -->";
 
 fn main() -> ExitCode {
     let args: Vec<String> = std::env::args().skip(1).collect();
+    if args.iter().any(|a| a == "--write-doc") {
+        return write_doc(&args);
+    }
     let quick = args.iter().any(|a| a == "--quick");
     let suites: Vec<&str> =
         args.iter().map(String::as_str).filter(|a| !a.starts_with("--")).collect();
@@ -65,4 +76,72 @@ fn main() -> ExitCode {
         }
     }
     ExitCode::SUCCESS
+}
+
+/// Runs this binary again without `--write-doc`, passes its output through, and puts it
+/// with the machine's description into [`DOC`] between the markers.
+fn write_doc(args: &[String]) -> ExitCode {
+    let rest: Vec<&String> = args.iter().filter(|a| *a != "--write-doc").collect();
+    let output = std::env::current_exe()
+        .and_then(|exe| std::process::Command::new(exe).args(&rest).output());
+    let output = match output {
+        Ok(output) => output,
+        Err(e) => {
+            eprintln!("bench: cannot run the suites: {e}");
+            return ExitCode::FAILURE;
+        }
+    };
+    let text = String::from_utf8_lossy(&output.stdout);
+    print!("{text}");
+    eprint!("{}", String::from_utf8_lossy(&output.stderr));
+    if !output.status.success() {
+        eprintln!("bench: the run failed; {DOC} is left as it was");
+        return ExitCode::FAILURE;
+    }
+    let command = rest.iter().map(|a| a.as_str()).collect::<Vec<_>>().join(" ");
+    let section = format!(
+        "{BEGIN}\n## Latest run: `cargo run --release -p bench -- {command}`\n\n{} Built {}.\n\n{text}\n{END}",
+        machine(),
+        if cfg!(debug_assertions) {
+            "in the ci profile (release optimisations with debug assertions: a little slower)"
+        } else {
+            "in the release profile"
+        }
+    );
+    let doc = std::fs::read_to_string(DOC).unwrap_or_default();
+    let updated = match (doc.find(BEGIN), doc.find(END)) {
+        (Some(begin), Some(end)) if begin < end => {
+            format!("{}{section}{}", &doc[..begin], &doc[end + END.len()..])
+        }
+        _ => format!("{}\n{section}\n", doc.trim_end()),
+    };
+    if let Err(e) = std::fs::write(DOC, updated) {
+        eprintln!("bench: cannot write {DOC}: {e}");
+        return ExitCode::FAILURE;
+    }
+    eprintln!("bench: wrote the run into {DOC}");
+    ExitCode::SUCCESS
+}
+
+/// The machine, as the figures need it: CPU model, cores, memory, kernel, and when.
+fn machine() -> String {
+    let read = |path: &str| std::fs::read_to_string(path).unwrap_or_default();
+    let cpuinfo = read("/proc/cpuinfo");
+    let model = cpuinfo
+        .lines()
+        .find_map(|l| l.strip_prefix("model name").and_then(|r| r.split_once(':')))
+        .map_or("unknown CPU", |(_, m)| m.trim());
+    let cores = std::thread::available_parallelism().map_or(0, |n| n.get());
+    let memory = read("/proc/meminfo")
+        .lines()
+        .find_map(|l| l.strip_prefix("MemTotal:"))
+        .map_or_else(|| "unknown".into(), |m| m.trim().to_owned());
+    let kernel = read("/proc/sys/kernel/osrelease");
+    let when = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map_or(0, |d| d.as_secs());
+    format!(
+        "Machine: {model}, {cores} cores, {memory} memory, kernel {}; run at unix time {when}.",
+        kernel.trim()
+    )
 }
