@@ -67,17 +67,6 @@ impl ApiError {
         }
     }
 
-    /// A verb of the API that this server does not serve yet (501).
-    pub fn unimplemented(message: impl Into<String>) -> Self {
-        ApiError {
-            status: StatusCode::NOT_IMPLEMENTED,
-            code: "unimplemented",
-            message: message.into(),
-            details: Map::new(),
-            retry_after_seconds: None,
-        }
-    }
-
     pub fn internal(message: impl Into<String>) -> Self {
         Self::new(Code::Internal, message)
     }
