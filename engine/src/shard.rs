@@ -55,7 +55,7 @@ use crate::stream::{
 use crate::timestamp::Offered;
 use crate::transit;
 use crate::uploader::Uploader;
-use uploads::{InFlight, Job, JobChunks};
+use uploads::{InFlight, Job};
 
 /// The leader type of a shard.
 type ShardLeader = Leader<ShardBuf, Stored>;
@@ -564,14 +564,7 @@ impl Shard {
         }
         unreferenced.sort_unstable_by_key(|location| location.lsn);
         for locations in unreferenced.chunks(RECOVERED_PER_JOB) {
-            let held_bytes = locations.iter().map(|l| u64::from(l.chunk_len)).sum();
-            let lsn = locations.first().map(|l| l.lsn);
-            self.queue_job(Job {
-                chunks: JobChunks::Recovered(locations.to_vec()),
-                held_bytes,
-                lsn,
-                gathered: 1,
-            });
+            self.queue_job(Job::recovered(locations.to_vec()));
         }
         if self.unapplied.get() == 0 {
             // Nothing unreferenced: whatever the journal holds is in the object store.
@@ -753,12 +746,7 @@ impl Shard {
                 }
             }
             if !standard.is_empty() {
-                self.queue_job(Job {
-                    chunks: JobChunks::Standard(standard),
-                    held_bytes: 0,
-                    lsn: None,
-                    gathered: 1,
-                });
+                self.queue_job(Job::standard(standard));
             }
             if journaled.is_empty() {
                 continue;
@@ -772,14 +760,13 @@ impl Shard {
                         s.groups += 1;
                         s.chunks += count;
                     });
-                    let lsn = durable.first().map(|(_, location)| location.lsn);
+                    let lsn = durable.first().map_or(0, |(_, location)| location.lsn);
                     let mut uploads = Vec::with_capacity(durable.len());
                     for (id, (chunk, location)) in ids.into_iter().zip(durable) {
                         uploads.push(Rc::clone(&chunk));
                         self.on_durable(id, chunk, location);
                     }
-                    let chunks = JobChunks::Journaled(uploads);
-                    self.queue_job(Job { chunks, held_bytes: 0, lsn, gathered: 1 });
+                    self.queue_job(Job::journaled(uploads, lsn));
                 }
                 Err(error) => {
                     // Nothing of this group may be acknowledged, and its sequence numbers

@@ -1778,3 +1778,38 @@ fn refs_scan_in_sequence_order_per_stream_across_transactions_and_pages() {
     block_on(fx.control.delete_refs(a, &doomed)).unwrap();
     assert_eq!(block_on(fx.control.refs_of(a)).unwrap(), expected[200..]);
 }
+
+#[test]
+fn a_dead_mark_refuses_new_refs_to_its_object_until_it_is_lifted() {
+    let fx = Fixture::new();
+    let id = StreamId([4; 16]);
+    let marked = block_on(fx.control.mark_dead("_transit/doomed", 1_000)).unwrap();
+    assert_eq!(marked, 1_000);
+    assert_eq!(
+        block_on(fx.control.mark_dead("_transit/doomed", 2_000)).unwrap(),
+        1_000,
+        "a mark keeps its first time: the grace never restarts"
+    );
+    // A transaction naming the dead object is refused whole: the live object's ref too.
+    let refs = [chunk_ref(id, 0, 1, "_transit/alive"), chunk_ref(id, 1, 1, "_transit/doomed")];
+    let refused = block_on(fx.control.put_refs(&refs)).unwrap_err();
+    assert!(matches!(refused, Error::ObjectDead { .. }), "{refused:?}");
+    assert!(refused.to_string().contains("_transit/doomed"), "{refused}");
+    assert!(block_on(fx.control.refs_of(id)).unwrap().is_empty(), "nothing of it applied");
+    let (marks, more) = block_on(fx.control.dead_page(None)).unwrap();
+    assert_eq!((marks, more), (vec![("_transit/doomed".to_owned(), 1_000)], false));
+    block_on(fx.control.unmark_dead("_transit/doomed")).unwrap();
+    block_on(fx.control.put_refs(&refs)).unwrap();
+    assert_eq!(block_on(fx.control.refs_of(id)).unwrap(), refs);
+}
+
+#[test]
+fn refs_to_more_objects_than_one_transaction_checks_are_split_and_all_land() {
+    let fx = Fixture::new();
+    let id = StreamId([5; 16]);
+    // Every ref in its own object: more distinct objects than a transaction checks.
+    let refs: Vec<RefRow> =
+        (0..90u64).map(|s| chunk_ref(id, s, 1, &format!("_transit/o{s:03}"))).collect();
+    block_on(fx.control.put_refs(&refs)).unwrap();
+    assert_eq!(block_on(fx.control.refs_of(id)).unwrap(), refs);
+}

@@ -35,12 +35,6 @@ pub(crate) struct Recovered {
     pub unreferenced: Vec<Location>,
 }
 
-/// A chunk known from a ref or a journal entry.
-struct Found {
-    header: ChunkHeader,
-    stored: Stored,
-}
-
 /// Merges a stream's refs and journal entries into the run its leader starts from.
 /// `refs` and `journal` may come in any order; a chunk in both is the ref's (the journal
 /// copy is about to be released).
@@ -49,53 +43,51 @@ pub(crate) fn recover(
     refs: Vec<RefRow>,
     journal: Vec<(ChunkHeader, Location)>,
 ) -> Recovered {
-    let mut found: BTreeMap<u64, Found> = BTreeMap::new();
+    let mut found: BTreeMap<u64, DurableChunk<Stored>> = BTreeMap::new();
     for row in refs {
-        let header = ChunkHeader {
-            stream_id: row.id,
-            first_seq_num: row.first_seq_num,
-            record_count: row.record_count,
-            data_len: row.data_len,
-            last_timestamp: row.last_timestamp,
-            data_crc: 0,
-            directory_crc: 0,
-        };
         let slot =
             ObjectSlot { key: Arc::from(row.object), offset: row.offset, length: row.length };
-        found.insert(row.first_seq_num, Found { header, stored: Stored::Object(Rc::new(slot)) });
+        let chunk = DurableChunk {
+            first_seq_num: row.first_seq_num,
+            record_count: row.record_count,
+            last_timestamp: row.last_timestamp,
+            data_len: row.data_len,
+            location: Stored::Object(Rc::new(slot)),
+            cached: None,
+        };
+        found.insert(row.first_seq_num, chunk);
     }
     for (header, location) in journal {
         found
             .entry(header.first_seq_num)
-            .or_insert(Found { header, stored: Stored::Journal(location) });
+            .or_insert_with(|| DurableChunk::new(&header, Stored::Journal(location), None));
     }
 
     let mut recovered = Recovered::default();
-    // The run starts at the chunk holding the watermark: at 0 for an untrimmed stream.
+    // The run starts at the chunk holding the watermark (at 0 for an untrimmed stream)
+    // and ends at the first gap; everything after a gap is past it too.
     let mut next: Option<u64> = None;
+    let mut broken = false;
     for (first, chunk) in found {
-        let end = first + u64::from(chunk.header.record_count);
-        let continues = match next {
-            None => end > trim_seq_num && first <= trim_seq_num,
-            Some(expected) => first == expected,
-        };
+        let end = first + u64::from(chunk.record_count);
         // Wholly below the watermark: trimmed history, not the run's concern.
         if next.is_none() && end <= trim_seq_num {
             continue;
         }
-        if !continues {
-            if let Stored::Object(_) = chunk.stored {
-                recovered.stale_refs.push(first);
-            }
-            // Once broken, everything after is past the gap too.
-            next = Some(u64::MAX);
-            continue;
+        broken |= match next {
+            None => first > trim_seq_num,
+            Some(expected) => first != expected,
+        };
+        match (&chunk.location, broken) {
+            (Stored::Object(_), true) => recovered.stale_refs.push(first),
+            (Stored::Journal(_), true) => {}
+            (Stored::Journal(location), false) => recovered.unreferenced.push(*location),
+            (Stored::Object(_), false) => {}
         }
-        if let Stored::Journal(location) = chunk.stored {
-            recovered.unreferenced.push(location);
+        if !broken {
+            recovered.chunks.push(chunk);
+            next = Some(end);
         }
-        recovered.chunks.push(DurableChunk::new(&chunk.header, chunk.stored, None));
-        next = Some(end);
     }
     recovered
 }

@@ -48,19 +48,40 @@ pub(crate) enum JobChunks {
     Recovered(Vec<Location>),
 }
 
-/// A job: its chunks, the bytes it adds to `held` until applied (chunks read back from
-/// the journal; the others are counted from their append, and stay in the leader's
-/// cache, never evicted, until the job is applied), and for express jobs the journal
-/// position of its first chunk.
+/// A job: its chunks, and for express jobs the journal position of its first chunk.
 pub(crate) struct Job {
-    pub chunks: JobChunks,
-    pub held_bytes: u64,
-    pub lsn: Option<u64>,
+    chunks: JobChunks,
+    lsn: Option<u64>,
     /// Queued jobs this one stands for (more than one once gathered).
-    pub gathered: usize,
+    gathered: usize,
 }
 
 impl Job {
+    pub(super) fn standard(chunks: Vec<SealedChunk<AlignedBuf>>) -> Self {
+        Job { chunks: JobChunks::Standard(chunks), lsn: None, gathered: 1 }
+    }
+
+    /// Express chunks just appended to the journal at `lsn` and on.
+    pub(super) fn journaled(chunks: Vec<Rc<SealedChunk<JournalBuffer>>>, lsn: u64) -> Self {
+        Job { chunks: JobChunks::Journaled(chunks), lsn: Some(lsn), gathered: 1 }
+    }
+
+    /// Journal entries found at start with no ref, in journal order.
+    pub(super) fn recovered(locations: Vec<Location>) -> Self {
+        let lsn = locations.first().map(|l| l.lsn);
+        Job { chunks: JobChunks::Recovered(locations), lsn, gathered: 1 }
+    }
+
+    /// What the job adds to the shard's `held` bytes until it is applied: chunks it reads
+    /// back from the journal. The others are counted from their append and stay in the
+    /// leader's cache, never evicted, until the job is applied.
+    fn held_bytes(&self) -> u64 {
+        match self.chunks {
+            JobChunks::Recovered(_) => self.bytes(),
+            JobChunks::Standard(_) | JobChunks::Journaled(_) => 0,
+        }
+    }
+
     /// The chunks' bytes.
     fn bytes(&self) -> u64 {
         match &self.chunks {
@@ -74,7 +95,6 @@ impl Job {
 
     /// Takes in the next job of the same kind (its chunks come after this one's).
     fn absorb(&mut self, next: Job) {
-        self.held_bytes += next.held_bytes;
         self.lsn = self.lsn.or(next.lsn);
         self.gathered += next.gathered;
         match (&mut self.chunks, next.chunks) {
@@ -104,7 +124,7 @@ impl Shard {
     /// Queues a job for the feeder. Never waits: the memory budget bounds the queue.
     pub(super) fn queue_job(&self, job: Job) {
         self.unapplied.set(self.unapplied.get() + 1);
-        self.held.set(self.held.get() + job.held_bytes);
+        self.held.set(self.held.get() + job.held_bytes());
         self.jobs.borrow_mut().push_back(job);
         self.jobs_changed.notify();
     }
@@ -121,7 +141,7 @@ impl Shard {
             // Everything queued meanwhile of the same kind goes in the same request.
             let Some(job) = self.gather() else { continue };
             let standard = matches!(job.chunks, JobChunks::Standard(_));
-            let (held_bytes, lsn, gathered) = (job.held_bytes, job.lsn, job.gathered);
+            let (held_bytes, lsn, gathered) = (job.held_bytes(), job.lsn, job.gathered);
             let (uploader, control, journal) =
                 (self.uploader.clone(), self.control.clone(), Rc::clone(&self.journal));
             let task = glommio::spawn_local(run(uploader, control, journal, job.chunks)).detach();
