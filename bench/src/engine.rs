@@ -161,7 +161,10 @@ fn data_dir() -> PathBuf {
     dir
 }
 
-pub fn run(quick: bool) {
+/// `objects_dir`: where the node's local object store goes (default: under the data
+/// directory, on the journal's disk); a tmpfs directory separates the object writes'
+/// cost from the disk's.
+pub fn run(quick: bool, objects_dir: Option<&std::path::Path>) {
     let durations = if quick {
         Durations { warmup: Duration::from_millis(20), measure: Duration::from_millis(100) }
     } else {
@@ -171,6 +174,9 @@ pub fn run(quick: bool) {
     let mut config = NodeConfig::new(dir.join("node"));
     config.shards = 1;
     config.first_core = Some(0);
+    if let Some(objects) = objects_dir {
+        config.objects = engine::node::ObjectStoreConfig::Local(objects.to_owned());
+    }
     let node = Node::start(config).expect("node");
     let client = node.client();
     let bucket = BucketName::parse("bench").expect("bucket");

@@ -34,6 +34,9 @@ const USAGE: &str = "usage: bench <codec|journal|engine|objects|http|all> [--qui
           (writes under target/bench-http)
   all     every suite above
   --quick small workloads, one pass: a smoke run, not a measurement
+  --objects-dir=DIR
+          engine: put the node's local object store in DIR (e.g. on tmpfs, to tell the
+          cost of writing objects from the disk's)
   --write-doc
           also write the run's tables, with the machine's description, into
           docs/benchmarks.md between its `bench:latest` markers (run from the workspace)";
@@ -49,6 +52,8 @@ fn main() -> ExitCode {
         return write_doc(&args);
     }
     let quick = args.iter().any(|a| a == "--quick");
+    let objects_dir =
+        args.iter().find_map(|a| a.strip_prefix("--objects-dir=")).map(std::path::Path::new);
     let suites: Vec<&str> =
         args.iter().map(String::as_str).filter(|a| !a.starts_with("--")).collect();
     let all = ["codec", "journal", "engine", "objects", "http"];
@@ -64,7 +69,7 @@ fn main() -> ExitCode {
         match suite {
             "codec" => codec::run(quick),
             "journal" => journal::run(quick),
-            "engine" => engine::run(quick),
+            "engine" => engine::run(quick, objects_dir),
             "objects" => objects::run(quick),
             "http" => {
                 if let Err(why) = http::run(quick) {

@@ -51,7 +51,12 @@ struct Case {
     records: usize,
 }
 
-const CASES: [Case; 2] = [Case { producers: 32, records: 1 }, Case { producers: 32, records: 64 }];
+/// One producer (an ack's latency alone), then 32 of them (throughput).
+const CASES: [Case; 3] = [
+    Case { producers: 1, records: 1 },
+    Case { producers: 32, records: 1 },
+    Case { producers: 32, records: 64 },
+];
 
 /// What one case measured through the node.
 struct Appends {
