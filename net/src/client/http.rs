@@ -121,24 +121,7 @@ pub fn open(
             return Err(io::Error::new(io::ErrorKind::UnexpectedEof, "no response"));
         }
     }
-    let status =
-        line.split_whitespace().nth(1).and_then(|s| s.parse::<u16>().ok()).ok_or_else(|| {
-            io::Error::new(io::ErrorKind::InvalidData, format!("bad status line {line:?}"))
-        })?;
-    let mut headers = Vec::new();
-    loop {
-        line.clear();
-        if reader.read_line(&mut line)? == 0 {
-            return Err(io::Error::new(io::ErrorKind::UnexpectedEof, "response head cut short"));
-        }
-        let trimmed = line.trim_end();
-        if trimmed.is_empty() {
-            break;
-        }
-        if let Some((name, value)) = trimmed.split_once(':') {
-            headers.push((name.trim().to_ascii_lowercase(), value.trim().to_owned()));
-        }
-    }
+    let (status, headers) = read_head(&mut reader, &mut line)?;
     let find = |name: &str| headers.iter().find(|(n, _)| n == name).map(|(_, v)| v.clone());
     let body: Box<dyn BufRead + Send> = if method == "HEAD" || status == 204 || status == 304 {
         Box::new(io::empty())
@@ -270,6 +253,32 @@ pub fn encode_head(
     out.extend_from_slice(head.as_bytes());
 }
 
+/// The rest of a response head after its status line (in `line`): the status, and the
+/// headers with names lowercased, in order.
+fn read_head<R: BufRead>(
+    reader: &mut R,
+    line: &mut String,
+) -> io::Result<(u16, Vec<(String, String)>)> {
+    let status =
+        line.split_whitespace().nth(1).and_then(|s| s.parse::<u16>().ok()).ok_or_else(|| {
+            io::Error::new(io::ErrorKind::InvalidData, format!("bad status line {line:?}"))
+        })?;
+    let mut headers = Vec::new();
+    loop {
+        line.clear();
+        if reader.read_line(line)? == 0 {
+            return Err(io::Error::new(io::ErrorKind::UnexpectedEof, "response head cut short"));
+        }
+        let trimmed = line.trim_end();
+        if trimmed.is_empty() {
+            return Ok((status, headers));
+        }
+        if let Some((name, value)) = trimmed.split_once(':') {
+            headers.push((name.trim().to_ascii_lowercase(), value.trim().to_owned()));
+        }
+    }
+}
+
 /// Reads one whole response from a keep-alive connection. The second value says whether
 /// the connection can carry another request (its body was delimited and the server did
 /// not say `connection: close`).
@@ -281,24 +290,7 @@ pub fn read_response<R: BufRead>(reader: &mut R, method: &str) -> io::Result<(Re
             "the server closed the connection",
         ));
     }
-    let status =
-        line.split_whitespace().nth(1).and_then(|s| s.parse::<u16>().ok()).ok_or_else(|| {
-            io::Error::new(io::ErrorKind::InvalidData, format!("bad status line {line:?}"))
-        })?;
-    let mut headers = Vec::new();
-    loop {
-        line.clear();
-        if reader.read_line(&mut line)? == 0 {
-            return Err(io::Error::new(io::ErrorKind::UnexpectedEof, "response head cut short"));
-        }
-        let trimmed = line.trim_end();
-        if trimmed.is_empty() {
-            break;
-        }
-        if let Some((name, value)) = trimmed.split_once(':') {
-            headers.push((name.trim().to_ascii_lowercase(), value.trim().to_owned()));
-        }
-    }
+    let (status, headers) = read_head(reader, &mut line)?;
     let find = |name: &str| headers.iter().find(|(n, _)| n == name).map(|(_, v)| v.as_str());
     let mut reusable = !find("connection").is_some_and(|v| v.eq_ignore_ascii_case("close"));
     let mut body = Vec::new();
