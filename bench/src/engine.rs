@@ -87,7 +87,7 @@ fn batch(records: usize) -> AppendRequest {
     for _ in 0..records {
         builder.push::<&[u8], &[u8]>(&[], &body).expect("fits");
     }
-    AppendRequest { framed: builder.finish(&AppendConditions::default()), offered: None }
+    AppendRequest { framed: builder.finish(&AppendConditions::default()).into(), offered: None }
 }
 
 struct Outcome {

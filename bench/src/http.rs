@@ -338,7 +338,7 @@ fn in_process(data_dir: &Path, case: Case, durations: &Durations) -> Outcome {
                 .expect("keys");
             let (warmup, measure) = (durations.warmup, durations.measure);
             thread::spawn(move || {
-                let request = AppendRequest { framed, offered: None };
+                let request = AppendRequest { framed: framed.into(), offered: None };
                 let mut turn = c;
                 let mut append = || {
                     let key = &keys[turn % keys.len()];

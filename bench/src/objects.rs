@@ -112,7 +112,7 @@ fn batch(records: usize) -> AppendRequest {
     for _ in 0..records {
         builder.push::<&[u8], &[u8]>(&[], &body).expect("fits");
     }
-    AppendRequest { framed: builder.finish(&AppendConditions::default()), offered: None }
+    AppendRequest { framed: builder.finish(&AppendConditions::default()).into(), offered: None }
 }
 
 fn run_case(client: &Client, bucket: &BucketName, case: Case, durations: &Durations) -> Appends {

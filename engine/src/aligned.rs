@@ -3,8 +3,9 @@
 //! uploader thread without a copy.
 //!
 //! glommio's `DmaBuffer` is `!Send`; this one is `Send` and owns its allocation, so a
-//! sealed chunk can cross to the uploader core (platform.md). The memory is zeroed at
-//! allocation so nothing uninitialised is ever read or written out.
+//! sealed chunk can cross to the uploader core (platform.md). Every byte is written at
+//! allocation (zeroed, or copied into), so nothing uninitialised is ever read or
+//! written out.
 
 use std::alloc::{self, Layout};
 use std::ptr::NonNull;
@@ -17,7 +18,7 @@ pub const fn round_up(len: usize) -> usize {
     len.div_ceil(ALIGNMENT) * ALIGNMENT
 }
 
-/// A fixed-size, 4 KiB-aligned, zero-initialised byte buffer.
+/// A fixed-size, 4 KiB-aligned, fully initialised byte buffer.
 pub struct AlignedBuf {
     ptr: NonNull<u8>,
     len: usize,
@@ -41,6 +42,29 @@ impl AlignedBuf {
         Self { ptr, len }
     }
 
+    /// A buffer holding `bytes` at `offset` and zeros everywhere else, at least
+    /// `offset + bytes.len()` long (rounded as [`AlignedBuf::with_capacity`]). Each byte
+    /// is written once: `bytes` are not first zeroed and then overwritten, which for a
+    /// copied chunk was a memset as large as the copy.
+    pub fn copied_at(offset: usize, bytes: &[u8]) -> Self {
+        let end = offset + bytes.len();
+        let len = round_up(end.max(1));
+        let layout = Self::layout(len);
+        // SAFETY: the layout has a non-zero size (len >= ALIGNMENT).
+        let raw = unsafe { alloc::alloc(layout) };
+        let Some(ptr) = NonNull::new(raw) else { alloc::handle_alloc_error(layout) };
+        // SAFETY: `ptr` is valid for `len` bytes and `offset <= end <= len`; every byte of
+        // `0..len` is written (zeros, then `bytes`, then zeros) before the buffer is read,
+        // through raw pointers, so no reference to uninitialised memory is made; `bytes`
+        // is a borrow and cannot overlap the fresh allocation.
+        unsafe {
+            ptr.as_ptr().write_bytes(0, offset);
+            ptr.as_ptr().add(offset).copy_from_nonoverlapping(bytes.as_ptr(), bytes.len());
+            ptr.as_ptr().add(end).write_bytes(0, len - end);
+        }
+        Self { ptr, len }
+    }
+
     fn layout(len: usize) -> Layout {
         Layout::from_size_align(len, ALIGNMENT)
             .expect("len is a multiple of a power-of-two alignment and far below isize::MAX")
@@ -48,7 +72,7 @@ impl AlignedBuf {
 
     /// The whole buffer.
     pub fn as_slice(&self) -> &[u8] {
-        // SAFETY: the allocation is `len` initialised (zeroed) bytes owned by `self`.
+        // SAFETY: the allocation is `len` initialised bytes owned by `self`.
         unsafe { std::slice::from_raw_parts(self.ptr.as_ptr(), self.len) }
     }
 
@@ -61,7 +85,7 @@ impl AlignedBuf {
 
 impl Drop for AlignedBuf {
     fn drop(&mut self) {
-        // SAFETY: `ptr` came from `alloc_zeroed` with exactly this layout.
+        // SAFETY: `ptr` came from `alloc` or `alloc_zeroed` with exactly this layout.
         unsafe { alloc::dealloc(self.ptr.as_ptr(), Self::layout(self.len)) }
     }
 }
@@ -84,6 +108,19 @@ mod tests {
         assert!(buf.as_slice().iter().all(|&b| b == 0));
         buf.as_mut_slice()[..3].copy_from_slice(b"abc");
         assert_eq!(&buf.as_slice()[..4], b"abc\0");
+    }
+
+    #[test]
+    fn copied_at_holds_the_bytes_at_the_offset_and_zeros_around_them() {
+        let bytes: Vec<u8> = (1..=200u8).cycle().take(5000).collect();
+        let buf = AlignedBuf::copied_at(64, &bytes);
+        assert_eq!(buf.as_slice().len(), 8192);
+        assert_eq!(buf.as_slice().as_ptr() as usize % ALIGNMENT, 0);
+        assert!(buf.as_slice()[..64].iter().all(|&b| b == 0));
+        assert_eq!(&buf.as_slice()[64..5064], &bytes[..]);
+        assert!(buf.as_slice()[5064..].iter().all(|&b| b == 0));
+        assert_eq!(AlignedBuf::copied_at(0, &[]).as_slice(), &[0u8; ALIGNMENT][..]);
+        assert_eq!(AlignedBuf::copied_at(4096, &[]).as_slice().len(), 4096);
     }
 
     #[test]

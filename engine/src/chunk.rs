@@ -527,9 +527,7 @@ impl SealedChunk<AlignedBuf> {
     /// was verified when it was read or written by this process (`header` is theirs).
     pub fn copy_of(chunk: &[u8], header: ChunkHeader) -> Self {
         debug_assert_eq!(chunk.len() as u64, header.chunk_len());
-        let mut buf = AlignedBuf::with_capacity(ENVELOPE_LEN + chunk.len());
-        buf.as_mut_slice()[ENVELOPE_LEN..ENVELOPE_LEN + chunk.len()].copy_from_slice(chunk);
-        SealedChunk { buf, header }
+        SealedChunk { buf: AlignedBuf::copied_at(ENVELOPE_LEN, chunk), header }
     }
 }
 

@@ -152,8 +152,9 @@ const RECOVERED_PER_JOB: usize = 64;
 /// An append as it crosses to the owning shard: the whole batch, in binary framing.
 #[derive(Clone, Debug)]
 pub struct AppendRequest {
-    /// The batch in binary framing (`framing.rs`); the JSON path encodes into it.
-    pub framed: Vec<u8>,
+    /// The batch in binary framing (`framing.rs`); the JSON path encodes into it. Shared
+    /// bytes, so a binary request body reaches the chunk without being copied first.
+    pub framed: s3::Bytes,
     /// What the records offered as timestamps, when the framing's one batch stamp does
     /// not say it all (JSON records stamp each record or not). `None`: from the framing.
     pub offered: Option<Offered>,

@@ -1,7 +1,7 @@
 //! The routes of http-api.md: one function per verb, each turning a request into an
 //! engine call through the node's [`Client`] and the answer into JSON (or the binary
-//! framing). Every answer carries the request id; every request is one log line on
-//! stderr and one count in `/metrics`.
+//! framing). Every answer carries the request id and is one count in `/metrics`; a
+//! failed or slow request (`--http-log-slow-ms`) is also one log line on stderr.
 
 use std::cell::Cell;
 use std::convert::Infallible;
@@ -42,6 +42,8 @@ const REQUEST_ID_BYTES_MAX: usize = 128;
 #[derive(Clone, Debug)]
 pub struct Settings {
     pub body_bytes_max: u64,
+    /// A request that succeeds is logged only when it took at least this long.
+    pub log_slow: Duration,
     pub heartbeat: Duration,
 }
 
@@ -76,11 +78,14 @@ pub async fn handle(
     }
     let status = response.status().as_u16();
     shared.metrics.request(shared.shard, route, status);
-    eprintln!(
-        "nova request request_id={request_id} shard={} method={method} path={path:?} route={route} status={status} micros={}",
-        shared.shard,
-        started.elapsed().as_micros()
-    );
+    let took = started.elapsed();
+    if status >= 400 || took >= shared.settings.log_slow {
+        eprintln!(
+            "nova request request_id={request_id} shard={} method={method} path={path:?} route={route} status={status} micros={}",
+            shared.shard,
+            took.as_micros()
+        );
+    }
     Ok(response)
 }
 
@@ -513,7 +518,7 @@ async fn append(
     let body = read_body(request, shared.settings.body_bytes_max).await?;
     let append = if binary {
         // The framed batch goes to the engine as it came; the engine validates it in place.
-        AppendRequest { framed: body.to_vec(), offered: None }
+        AppendRequest { framed: body, offered: None }
     } else {
         wire::append_request(&body, encoding)?
     };

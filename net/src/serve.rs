@@ -18,8 +18,12 @@ use crate::server::{self, ServerConfig};
 /// The HTTP server's knobs; the engine's are `engine::node::ENGINE_KNOBS` and the S3
 /// store's [`S3_KNOBS`]. Together they are every knob (`tuning::KNOBS`), and `nova serve`
 /// takes each as a flag.
-pub const HTTP_KNOBS: [Knob; 3] =
-    [tuning::HTTP_CONNECTIONS_MAX, tuning::HTTP_BODY_BYTES_MAX, tuning::SSE_HEARTBEAT_MS];
+pub const HTTP_KNOBS: [Knob; 4] = [
+    tuning::HTTP_CONNECTIONS_MAX,
+    tuning::HTTP_BODY_BYTES_MAX,
+    tuning::HTTP_LOG_SLOW_MS,
+    tuning::SSE_HEARTBEAT_MS,
+];
 
 /// The S3 store's transfer knobs (used with `--s3-bucket`).
 pub const S3_KNOBS: [Knob; 8] = [
@@ -203,6 +207,8 @@ pub fn run(args: &[String]) -> Result<(), String> {
     let mut server_config = ServerConfig::new(listen);
     server_config.connections_max = knob(&flags, tuning::HTTP_CONNECTIONS_MAX)?;
     server_config.settings.body_bytes_max = knob(&flags, tuning::HTTP_BODY_BYTES_MAX)?;
+    server_config.settings.log_slow =
+        Duration::from_millis(knob(&flags, tuning::HTTP_LOG_SLOW_MS)?);
     server_config.settings.heartbeat =
         Duration::from_millis(knob(&flags, tuning::SSE_HEARTBEAT_MS)?);
 

@@ -44,6 +44,7 @@ impl ServerConfig {
             connections_max: tuning::HTTP_CONNECTIONS_MAX.default,
             settings: Settings {
                 body_bytes_max: tuning::HTTP_BODY_BYTES_MAX.default,
+                log_slow: Duration::from_millis(tuning::HTTP_LOG_SLOW_MS.default),
                 heartbeat: Duration::from_millis(tuning::SSE_HEARTBEAT_MS.default),
             },
         }

@@ -396,7 +396,7 @@ pub fn append_request(body: &[u8], encoding: Encoding) -> Result<AppendRequest, 
         offered.push(record.i64("timestamp")?);
     }
     let conditions = AppendConditions { match_seq_num, fencing_token, timestamp: None };
-    Ok(AppendRequest { framed: builder.finish(&conditions), offered: Some(offered) })
+    Ok(AppendRequest { framed: builder.finish(&conditions).into(), offered: Some(offered) })
 }
 
 /// The records of a read page (binary framing) as JSON record objects.

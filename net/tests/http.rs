@@ -813,6 +813,29 @@ fn health_metrics_and_request_ids(nova: &Nova) {
 }
 
 #[test]
+fn failed_and_slow_requests_are_logged_with_their_request_id() {
+    let dir = tempdir();
+    let request_lines = |flags: &[&str]| {
+        let log = dir.path().join("nova.log");
+        let nova = Nova::start_logging(&dir.path().join("data"), flags, &log);
+        nova.call_with("GET", "/health", &[("x-request-id", "fine-1")], None);
+        let missing = nova.call_with("GET", "/v1/buckets/none", &[("x-request-id", "bad-2")], None);
+        assert_eq!(missing.status, 404);
+        assert!(nova.terminate().success());
+        let text = std::fs::read_to_string(&log).expect("the log");
+        text.lines().filter(|l| l.starts_with("nova request ")).map(str::to_owned).collect()
+    };
+    // By default a quick success is not logged; a failure is, with its id and status.
+    let lines: Vec<String> = request_lines(&[]);
+    assert_eq!(lines.len(), 1, "{lines:?}");
+    assert!(lines[0].contains("request_id=bad-2") && lines[0].contains("status=404"), "{lines:?}");
+    // At 0 ms every request is slow enough.
+    let lines: Vec<String> = request_lines(&["--http-log-slow-ms", "0"]);
+    assert_eq!(lines.len(), 2, "{lines:?}");
+    assert!(lines[0].contains("request_id=fine-1") && lines[0].contains("status=200"), "{lines:?}");
+}
+
+#[test]
 fn sigterm_exits_zero_and_acknowledged_records_survive_a_restart() {
     sigterm_case(Store::Local);
 }

@@ -58,7 +58,7 @@ pub fn batch(bodies: &[Vec<u8>], conditions: AppendConditions<'_>) -> AppendRequ
     for body in bodies {
         builder.push::<&[u8], &[u8]>(&[], body).expect("fits");
     }
-    AppendRequest { framed: builder.finish(&conditions), offered: None }
+    AppendRequest { framed: builder.finish(&conditions).into(), offered: None }
 }
 
 pub fn plain(bodies: &[&str]) -> AppendRequest {

@@ -114,6 +114,22 @@ impl Nova {
     }
 
     pub fn start_in(store: Store, data_dir: &Path, flags: &[&str], env: &[(&str, &str)]) -> Nova {
+        Nova::launch(store, data_dir, flags, env, Stdio::inherit())
+    }
+
+    /// A server on the local store whose stderr (its log) goes to the file `log`.
+    pub fn start_logging(data_dir: &Path, flags: &[&str], log: &Path) -> Nova {
+        let log = std::fs::File::create(log).expect("create the log file");
+        Nova::launch(Store::Local, data_dir, flags, &[], Stdio::from(log))
+    }
+
+    fn launch(
+        store: Store,
+        data_dir: &Path,
+        flags: &[&str],
+        env: &[(&str, &str)],
+        stderr: Stdio,
+    ) -> Nova {
         let mut child = Command::new(env!("CARGO_BIN_EXE_nova"))
             .args(["serve", "--listen", "127.0.0.1:0", "--data-dir"])
             .arg(data_dir)
@@ -123,7 +139,7 @@ impl Nova {
             .args(flags)
             .envs(env.iter().copied())
             .stdout(Stdio::piped())
-            .stderr(Stdio::inherit())
+            .stderr(stderr)
             .spawn()
             .expect("start nova serve");
         let stdout = child.stdout.take().expect("stdout is piped");
