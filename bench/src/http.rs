@@ -10,7 +10,8 @@
 //! The client is a minimal HTTP/1.1 keep-alive client of this file: each connection is a
 //! closed loop on its own thread (send one append, read its response, send the next),
 //! so latency is per append from the first byte sent to the last byte of the response.
-//! The server is `target/ci/nova`, found next to this binary; the bench never builds it.
+//! The server is the `nova` found next to this binary (`target/ci/nova`, or
+//! `target/release/nova` for a release build); the bench never builds it.
 //!
 //! A second reference, for the binary cases: the same producers appending the same
 //! batches to a node in this process (no HTTP, no sockets), which tells the server's
@@ -30,8 +31,10 @@ use hdrhistogram::Histogram;
 use crate::harness::Percentiles;
 
 const RECORD_BYTES: usize = 1024;
-/// Keep-alive connections, each a closed-loop producer on its own thread.
-const CONNECTIONS: usize = 16;
+/// Keep-alive connections, each a closed-loop producer on its own thread. HTTP/1.1 has
+/// one request in flight per connection, so this is the load's concurrency: at 16 the
+/// server waited on group commits with a fifth of the machine idle; 64 keep it busy.
+const CONNECTIONS: usize = 64;
 const BINARY_MEDIA_TYPE: &str = "application/x-nova-records";
 
 struct Durations {

@@ -60,6 +60,9 @@ pub struct NodeConfig {
     pub local_store: s3::LocalDirOptions,
     pub uploader: UploaderConfig,
     pub auditor: AuditorConfig,
+    /// Bytes of freed chunk buffers the process keeps for reuse (`aligned`); the
+    /// pool is one per process, so the last node started sets it.
+    pub buffer_pool_bytes: usize,
 }
 
 /// The object store a node keeps history in.
@@ -122,6 +125,8 @@ impl NodeConfig {
             local_store: s3::LocalDirOptions::default(),
             uploader: UploaderConfig::default(),
             auditor: AuditorConfig::default(),
+            buffer_pool_bytes: usize::try_from(tuning::BUFFER_POOL_BYTES.default)
+                .expect("the knob's range fits memory"),
         }
     }
 }
@@ -168,6 +173,7 @@ impl NodeConfig {
         self.auditor.read_grace = ms(value(t::AUDITOR_READ_GRACE_MS)?);
         self.auditor.interval = ms(value(t::AUDITOR_INTERVAL_MS)?);
         self.local_store.io_concurrency = count(value(t::LOCAL_STORE_IO_CONCURRENCY)?);
+        self.buffer_pool_bytes = count(value(t::BUFFER_POOL_BYTES)?);
         Ok(())
     }
 }
@@ -198,6 +204,7 @@ pub const ENGINE_KNOBS: &[tuning::Knob] = &[
     tuning::AUDITOR_READ_GRACE_MS,
     tuning::AUDITOR_INTERVAL_MS,
     tuning::LOCAL_STORE_IO_CONCURRENCY,
+    tuning::BUFFER_POOL_BYTES,
 ];
 
 /// Every core but one (the uploader's and the metadata thread's), at least one.
@@ -315,6 +322,7 @@ impl Node {
         service: Option<Service>,
     ) -> Result<Node> {
         assert!(config.shards > 0, "a node has at least one shard");
+        crate::aligned::set_pool_bytes_max(config.buffer_pool_bytes);
         std::fs::create_dir_all(&config.data_dir)
             .map_err(|e| io_error("create the data directory", &e))?;
         // glommio opens the journal's directories by absolute path only.
