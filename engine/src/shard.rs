@@ -288,6 +288,9 @@ impl Slot {
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
 pub struct ShardStats {
     pub groups: u64,
+    /// Time spent writing and syncing journal groups, and the bytes they held.
+    pub group_micros: u64,
+    pub group_bytes: u64,
     pub chunks: u64,
     pub batches_acked: u64,
     /// Upload jobs applied (standard acknowledged, or express referenced).
@@ -755,11 +758,16 @@ impl Shard {
             let (ids, chunks): (Vec<StreamId>, Vec<SealedChunk<JournalBuffer>>) =
                 journaled.into_iter().unzip();
             let count = chunks.len() as u64;
+            let bytes: u64 = chunks.iter().map(|c| c.bytes().len() as u64).sum();
+            let started = std::time::Instant::now();
             match self.journal.append(chunks).await {
                 Ok(durable) => {
+                    let micros = started.elapsed().as_micros() as u64;
                     self.count(|s| {
                         s.groups += 1;
                         s.chunks += count;
+                        s.group_micros += micros;
+                        s.group_bytes += bytes;
                     });
                     let lsn = durable.first().map_or(0, |(_, location)| location.lsn);
                     let mut uploads = Vec::with_capacity(durable.len());

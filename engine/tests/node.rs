@@ -122,6 +122,10 @@ fn pipelined_batches_take_contiguous_ranges_in_ack_order() {
     let stats = block_on(client.stats()).expect("stats");
     assert_eq!(stats[0].batches_acked, 200);
     assert!(stats[0].groups <= stats[0].batches_acked);
+    // The journal's counters: every record went through it, and writing took time.
+    let bodies: u64 = all.iter().map(|r| r.2.len() as u64).sum();
+    assert!(stats[0].group_bytes > bodies, "{} journal bytes", stats[0].group_bytes);
+    assert!(stats[0].group_micros > 0);
     drop(client);
     node.stop();
 }

@@ -117,8 +117,22 @@ impl Metrics {
         for (shard, _, _, in_flight) in &connections {
             let _ = writeln!(out, "nova_http_requests_in_flight{{shard=\"{shard}\"}} {in_flight}");
         }
-        let engine_counters: [(EngineCounter, &str); 8] = [
+        let engine_counters: [(EngineCounter, &str); 10] = [
             (("nova_shard_groups_total", "journal group commits written", |s| s.groups), "counter"),
+            (
+                (
+                    "nova_shard_journal_microseconds_total",
+                    "time spent writing and fdatasyncing journal groups (over the groups: the mean group commit)",
+                    |s| s.group_micros,
+                ),
+                "counter",
+            ),
+            (
+                ("nova_shard_journal_bytes_total", "chunk bytes written to the journal", |s| {
+                    s.group_bytes
+                }),
+                "counter",
+            ),
             (("nova_shard_chunks_total", "chunks made durable", |s| s.chunks), "counter"),
             (
                 ("nova_shard_batches_acked_total", "append batches acknowledged", |s| {

@@ -808,6 +808,9 @@ fn health_metrics_and_request_ids(nova: &Nova) {
         "{text}"
     );
     assert!(text.contains(r#"nova_shard_batches_acked_total{shard="1"}"#), "{text}");
+    for name in ["nova_shard_journal_microseconds_total", "nova_shard_journal_bytes_total"] {
+        assert!(text.contains(&format!("# TYPE {name} counter\n{name}{{shard=\"0\"}} ")), "{text}");
+    }
     assert!(text.contains("\nnova_auditor_backlog_seconds 0\n"), "{text}");
     assert!(text.contains("# TYPE nova_uploader_bundles_total counter"), "{text}");
 }
