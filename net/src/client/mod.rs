@@ -195,19 +195,8 @@ impl fmt::Display for Address {
 
 /// A stream's options (buckets.md): `None` leaves the value to the bucket's default (on
 /// create) or unchanged (on reconfigure). Records read from the server have every field.
-#[derive(Clone, Debug, Default, PartialEq, Eq)]
-pub struct StreamOptions {
-    pub class: Option<StorageClass>,
-    pub producer_policy: Option<ProducerPolicy>,
-    pub timestamping_mode: Option<TimestampingMode>,
-    pub timestamping_uncapped: Option<bool>,
-    pub retention_max_age_ms: Option<u64>,
-    pub retention_max_bytes: Option<u64>,
-    pub batch_max_bytes: Option<u64>,
-    pub batch_max_records: Option<u64>,
-    pub batch_max_delay_ms: Option<u64>,
-    pub throughput_max_bytes_per_second: Option<u64>,
-}
+/// The engine's reconfigure patch, field for field.
+pub use engine::options::StreamOptionsPatch as StreamOptions;
 
 const NUMBER_OPTIONS: [&str; 6] = [
     "retention_max_age_ms",
@@ -218,66 +207,65 @@ const NUMBER_OPTIONS: [&str; 6] = [
     "throughput_max_bytes_per_second",
 ];
 
-impl StreamOptions {
-    fn numbers(&self) -> [Option<u64>; 6] {
-        [
-            self.retention_max_age_ms,
-            self.retention_max_bytes,
-            self.batch_max_bytes,
-            self.batch_max_records,
-            self.batch_max_delay_ms,
-            self.throughput_max_bytes_per_second,
-        ]
-    }
+fn option_numbers(options: &StreamOptions) -> [Option<u64>; 6] {
+    [
+        options.retention_max_age_ms,
+        options.retention_max_bytes,
+        options.batch_max_bytes,
+        options.batch_max_records,
+        options.batch_max_delay_ms,
+        options.throughput_max_bytes_per_second,
+    ]
+}
 
-    /// The fields that are set, named with `prefix` (`default_` for a bucket).
-    fn to_json(&self, prefix: &str, out: &mut Map<String, Value>) {
-        let mut put = |field: &str, value: Value| {
-            out.insert(format!("{prefix}{field}"), value);
-        };
-        if let Some(class) = self.class {
-            put("class", json!(class.as_str()));
-        }
-        if let Some(policy) = self.producer_policy {
-            put("producer_policy", json!(policy.as_str()));
-        }
-        if let Some(mode) = self.timestamping_mode {
-            put("timestamping_mode", json!(mode.as_str()));
-        }
-        if let Some(uncapped) = self.timestamping_uncapped {
-            put("timestamping_uncapped", json!(uncapped));
-        }
-        for (field, value) in NUMBER_OPTIONS.iter().zip(self.numbers()) {
-            if let Some(value) = value {
-                put(field, json!(value));
-            }
+/// The fields of `options` that are set, named with `prefix` (`default_` for a bucket).
+fn options_to_json(options: &StreamOptions, prefix: &str, out: &mut Map<String, Value>) {
+    let mut put = |field: &str, value: Value| {
+        out.insert(format!("{prefix}{field}"), value);
+    };
+    if let Some(class) = options.class {
+        put("class", json!(class.as_str()));
+    }
+    if let Some(policy) = options.producer_policy {
+        put("producer_policy", json!(policy.as_str()));
+    }
+    if let Some(mode) = options.timestamping_mode {
+        put("timestamping_mode", json!(mode.as_str()));
+    }
+    if let Some(uncapped) = options.timestamping_uncapped {
+        put("timestamping_uncapped", json!(uncapped));
+    }
+    for (field, value) in NUMBER_OPTIONS.iter().zip(option_numbers(options)) {
+        if let Some(value) = value {
+            put(field, json!(value));
         }
     }
+}
 
-    fn from_json(value: &Value, prefix: &str, scope: OptionScope) -> Result<Self> {
-        let get = |field: &str| &value[format!("{prefix}{field}").as_str()];
-        let text = |field: &str| -> Result<&str> {
-            get(field).as_str().ok_or_else(|| protocol(&format!("{prefix}{field}"), value))
-        };
-        let bad = |e: engine::Error| Error::Protocol(e.to_string());
-        let number = |field: &str| get(field).as_u64();
-        Ok(Self {
-            class: Some(StorageClass::parse_in(text("class")?, scope).map_err(bad)?),
-            producer_policy: Some(
-                ProducerPolicy::parse_in(text("producer_policy")?, scope).map_err(bad)?,
-            ),
-            timestamping_mode: Some(
-                TimestampingMode::parse_in(text("timestamping_mode")?, scope).map_err(bad)?,
-            ),
-            timestamping_uncapped: get("timestamping_uncapped").as_bool(),
-            retention_max_age_ms: number("retention_max_age_ms"),
-            retention_max_bytes: number("retention_max_bytes"),
-            batch_max_bytes: number("batch_max_bytes"),
-            batch_max_records: number("batch_max_records"),
-            batch_max_delay_ms: number("batch_max_delay_ms"),
-            throughput_max_bytes_per_second: number("throughput_max_bytes_per_second"),
-        })
-    }
+/// Options as the server sends them (every field present), named with `prefix`.
+fn options_from_json(value: &Value, prefix: &str, scope: OptionScope) -> Result<StreamOptions> {
+    let get = |field: &str| &value[format!("{prefix}{field}").as_str()];
+    let text = |field: &str| -> Result<&str> {
+        get(field).as_str().ok_or_else(|| protocol(&format!("{prefix}{field}"), value))
+    };
+    let bad = |e: engine::Error| Error::Protocol(e.to_string());
+    let number = |field: &str| get(field).as_u64();
+    Ok(StreamOptions {
+        class: Some(StorageClass::parse_in(text("class")?, scope).map_err(bad)?),
+        producer_policy: Some(
+            ProducerPolicy::parse_in(text("producer_policy")?, scope).map_err(bad)?,
+        ),
+        timestamping_mode: Some(
+            TimestampingMode::parse_in(text("timestamping_mode")?, scope).map_err(bad)?,
+        ),
+        timestamping_uncapped: get("timestamping_uncapped").as_bool(),
+        retention_max_age_ms: number("retention_max_age_ms"),
+        retention_max_bytes: number("retention_max_bytes"),
+        batch_max_bytes: number("batch_max_bytes"),
+        batch_max_records: number("batch_max_records"),
+        batch_max_delay_ms: number("batch_max_delay_ms"),
+        throughput_max_bytes_per_second: number("throughput_max_bytes_per_second"),
+    })
 }
 
 /// A bucket: its name, location, auto-creation flags and stream defaults.
@@ -308,7 +296,7 @@ impl Bucket {
         if self.create_on_read {
             out.insert("create_stream_on_read".into(), json!(true));
         }
-        self.defaults.to_json("default_", &mut out);
+        options_to_json(&self.defaults, "default_", &mut out);
         out
     }
 
@@ -318,7 +306,7 @@ impl Bucket {
             location: value["location"].as_str().unwrap_or_default().to_owned(),
             create_on_append: value["create_stream_on_append"].as_bool().unwrap_or(false),
             create_on_read: value["create_stream_on_read"].as_bool().unwrap_or(false),
-            defaults: StreamOptions::from_json(value, "default_", OptionScope::BucketDefaults)?,
+            defaults: options_from_json(value, "default_", OptionScope::BucketDefaults)?,
             created_at_ms: value["created_at_ms"].as_u64(),
         })
     }
@@ -335,7 +323,7 @@ impl Bucket {
             && d.producer_policy.is_none_or(|p| Some(p) == s.producer_policy)
             && d.timestamping_mode.is_none_or(|m| Some(m) == s.timestamping_mode)
             && d.timestamping_uncapped.is_none_or(|u| Some(u) == s.timestamping_uncapped)
-            && d.numbers().iter().zip(s.numbers()).all(|(w, h)| same(*w, h))
+            && option_numbers(d).iter().zip(option_numbers(s)).all(|(w, h)| same(*w, h))
     }
 }
 
@@ -377,7 +365,7 @@ impl StreamInfo {
             address: Address::new(text("bucket")?, text("key")?),
             id: text("id")?,
             created_at_ms: value["created_at_ms"].as_u64().unwrap_or(0),
-            options: StreamOptions::from_json(value, "", OptionScope::Stream)?,
+            options: options_from_json(value, "", OptionScope::Stream)?,
             tail: value.get("tail").map(Position::from_json).transpose()?,
             trim_seq_num: value["trim_seq_num"].as_u64(),
         })
@@ -945,7 +933,7 @@ impl Client {
         creation_token: Option<&str>,
     ) -> Result<StreamInfo> {
         let mut body = Map::new();
-        options.to_json("", &mut body);
+        options_to_json(options, "", &mut body);
         if let Some(token) = creation_token {
             body.insert("creation_token".into(), json!(token));
         }
@@ -968,7 +956,7 @@ impl Client {
         patch: &StreamOptions,
     ) -> Result<StreamInfo> {
         let mut body = Map::new();
-        patch.to_json("", &mut body);
+        options_to_json(patch, "", &mut body);
         StreamInfo::from_json(&self.call_json(
             "PATCH",
             &address.path(),
