@@ -11,8 +11,6 @@
 //! throughput cases run many producers so that group commit has batches to group.
 
 use std::path::{Path, PathBuf};
-use std::sync::Arc;
-use std::thread;
 use std::time::{Duration, Instant};
 
 use engine::framing::{AppendBuilder, AppendConditions};
@@ -25,28 +23,13 @@ use glommio::io::DmaFile;
 use glommio::{LocalExecutorBuilder, Placement};
 use hdrhistogram::Histogram;
 
+use crate::harness::{self, Percentiles};
+
 const RECORD_BYTES: usize = 1024;
 
 struct Durations {
     warmup: Duration,
     measure: Duration,
-}
-
-/// Latency percentiles in microseconds.
-struct Percentiles {
-    p50: u64,
-    p99: u64,
-    p999: u64,
-}
-
-impl Percentiles {
-    fn of(histogram: &Histogram<u64>) -> Self {
-        Self {
-            p50: histogram.value_at_quantile(0.50),
-            p99: histogram.value_at_quantile(0.99),
-            p999: histogram.value_at_quantile(0.999),
-        }
-    }
 }
 
 /// The raw reference: bytes per second of `block`-byte O_DIRECT writes each followed by
@@ -107,48 +90,27 @@ fn run_case(
     durations: &Durations,
 ) -> Outcome {
     let before = block_on(client.stats()).expect("stats")[0];
-    let start_gate = Arc::new(std::sync::Barrier::new(producers + 1));
-    let threads: Vec<_> = (0..producers)
-        .map(|p| {
-            let (client, bucket, gate) = (client.clone(), bucket.clone(), Arc::clone(&start_gate));
-            let (warmup, measure) = (durations.warmup, durations.measure);
-            thread::spawn(move || {
-                let key = StreamKey::parse(&format!("bench-{records}-{p}")).expect("key");
-                let request = batch(records);
-                let warm_until = Instant::now() + warmup;
-                while Instant::now() < warm_until {
-                    block_on(client.append(&bucket, &key, request.clone())).expect("append");
-                }
-                gate.wait();
-                let mut latency = Histogram::<u64>::new(3).expect("histogram");
-                let mut appends = 0u64;
-                let started = Instant::now();
-                while started.elapsed() < measure {
-                    let sent = Instant::now();
-                    block_on(client.append(&bucket, &key, request.clone())).expect("append");
-                    latency.record(sent.elapsed().as_micros() as u64).expect("in range");
-                    appends += 1;
-                }
-                (appends, started.elapsed(), latency)
-            })
-        })
-        .collect();
-    start_gate.wait();
-    let mut latency = Histogram::<u64>::new(3).expect("histogram");
-    let (mut appends, mut elapsed) = (0u64, Duration::ZERO);
-    for thread in threads {
-        let (count, took, histogram) = thread.join().expect("producer");
-        appends += count;
-        elapsed = elapsed.max(took);
-        latency.add(&histogram).expect("same precision");
-    }
+    let run = harness::closed_loop(
+        producers,
+        durations.warmup,
+        durations.measure,
+        |p| {
+            let (client, bucket) = (client.clone(), bucket.clone());
+            let key = StreamKey::parse(&format!("bench-{records}-{p}")).expect("key");
+            let request = batch(records);
+            move || {
+                block_on(client.append(&bucket, &key, request.clone())).expect("append");
+                true
+            }
+        },
+        || {},
+    );
     let after = block_on(client.stats()).expect("stats")[0];
-    let seconds = elapsed.as_secs_f64();
     let groups = (after.groups - before.groups).max(1);
     Outcome {
-        appends_per_second: appends as f64 / seconds,
-        content_bytes_per_second: (appends * (records * RECORD_BYTES) as u64) as f64 / seconds,
-        latency: Percentiles::of(&latency),
+        appends_per_second: run.rate(1),
+        content_bytes_per_second: run.rate((records * RECORD_BYTES) as u64),
+        latency: Percentiles::of(&run.latency),
         batches_per_sync: (after.batches_acked - before.batches_acked) as f64 / groups as f64,
     }
 }

@@ -3,7 +3,11 @@
 //! reported as bytes per second and as a ratio to its reference.
 
 use std::hint::black_box;
+use std::sync::{Arc, Barrier};
+use std::thread;
 use std::time::{Duration, Instant};
+
+use hdrhistogram::Histogram;
 
 /// How long to measure each case, and how many passes.
 #[derive(Clone, Copy, Debug)]
@@ -67,10 +71,91 @@ pub fn print_table(title: &str, reference: &str, rows: &[Row]) {
 pub struct Percentiles {
     pub p50: u64,
     pub p99: u64,
+    pub p999: u64,
 }
 
 impl Percentiles {
-    pub fn of(histogram: &hdrhistogram::Histogram<u64>) -> Self {
-        Self { p50: histogram.value_at_quantile(0.50), p99: histogram.value_at_quantile(0.99) }
+    pub fn of(histogram: &Histogram<u64>) -> Self {
+        Self {
+            p50: histogram.value_at_quantile(0.50),
+            p99: histogram.value_at_quantile(0.99),
+            p999: histogram.value_at_quantile(0.999),
+        }
     }
+}
+
+/// What closed-loop producers did in the measured time.
+pub struct ClosedLoop {
+    /// Operations acknowledged, each timed in `latency` (microseconds).
+    pub acked: u64,
+    /// Operations the server refused (not timed).
+    pub refused: u64,
+    /// The longest producer's measured time.
+    pub elapsed: Duration,
+    pub latency: Histogram<u64>,
+}
+
+impl ClosedLoop {
+    /// `per_ack` (bytes, records...) times the acknowledged operations, per second.
+    pub fn rate(&self, per_ack: u64) -> f64 {
+        (self.acked * per_ack) as f64 / self.elapsed.as_secs_f64()
+    }
+}
+
+/// Runs `producers` closed loops, each on its own thread calling the operation
+/// `make(producer)` returns (one request, waiting for its answer: `true` when
+/// acknowledged, `false` when refused) back to back: for `warmup`, then, once every
+/// producer is warm, for `measure`. `at_start` runs just as the measured time starts.
+pub fn closed_loop<F>(
+    producers: usize,
+    warmup: Duration,
+    measure: Duration,
+    make: impl Fn(usize) -> F,
+    at_start: impl FnOnce(),
+) -> ClosedLoop
+where
+    F: FnMut() -> bool + Send + 'static,
+{
+    let gate = Arc::new(Barrier::new(producers + 1));
+    let threads: Vec<_> = (0..producers)
+        .map(|producer| {
+            let (mut op, gate) = (make(producer), Arc::clone(&gate));
+            thread::spawn(move || {
+                let warm_until = Instant::now() + warmup;
+                while Instant::now() < warm_until {
+                    op();
+                }
+                gate.wait();
+                let mut latency = Histogram::<u64>::new(3).expect("histogram");
+                let (mut acked, mut refused) = (0u64, 0u64);
+                let started = Instant::now();
+                while started.elapsed() < measure {
+                    let sent = Instant::now();
+                    if op() {
+                        latency.record(sent.elapsed().as_micros() as u64).expect("in range");
+                        acked += 1;
+                    } else {
+                        refused += 1;
+                    }
+                }
+                ClosedLoop { acked, refused, elapsed: started.elapsed(), latency }
+            })
+        })
+        .collect();
+    gate.wait();
+    at_start();
+    let mut all = ClosedLoop {
+        acked: 0,
+        refused: 0,
+        elapsed: Duration::ZERO,
+        latency: Histogram::<u64>::new(3).expect("histogram"),
+    };
+    for thread in threads {
+        let one = thread.join().expect("producer");
+        all.acked += one.acked;
+        all.refused += one.refused;
+        all.elapsed = all.elapsed.max(one.elapsed);
+        all.latency.add(&one.latency).expect("same precision");
+    }
+    all
 }

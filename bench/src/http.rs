@@ -21,14 +21,13 @@ use std::io::{self, BufRead, BufReader, Read, Write};
 use std::net::{TcpListener, TcpStream};
 use std::path::{Path, PathBuf};
 use std::process::{Child, ChildStdout, Command, Stdio};
-use std::sync::{Arc, Barrier};
+use std::sync::Arc;
 use std::thread;
 use std::time::{Duration, Instant};
 
 use engine::framing::{AppendBuilder, AppendConditions};
-use hdrhistogram::Histogram;
 
-use crate::harness::Percentiles;
+use crate::harness::{self, Percentiles};
 
 const RECORD_BYTES: usize = 1024;
 /// Keep-alive connections, each a closed-loop producer on its own thread. HTTP/1.1 has
@@ -230,17 +229,18 @@ fn append_body(format: Format, records: usize) -> (&'static str, Vec<u8>) {
 }
 
 fn run_case(authority: &str, bucket: &str, case: Case, durations: &Durations) -> Outcome {
-    let gate = Arc::new(Barrier::new(CONNECTIONS + 1));
     let (content_type, body) = append_body(case.format, case.records);
     let body = Arc::new(body);
     let tag = match case.format {
         Format::Json => "json",
         Format::Binary => "bin",
     };
-    let threads: Vec<_> = (0..CONNECTIONS)
-        .map(|c| {
-            let (gate, body, authority) =
-                (Arc::clone(&gate), Arc::clone(&body), authority.to_owned());
+    let run = harness::closed_loop(
+        CONNECTIONS,
+        durations.warmup,
+        durations.measure,
+        |c| {
+            let body = Arc::clone(&body);
             let paths: Vec<String> = (0..case.streams)
                 .map(|s| {
                     format!(
@@ -249,65 +249,32 @@ fn run_case(authority: &str, bucket: &str, case: Case, durations: &Durations) ->
                     )
                 })
                 .collect();
-            let (warmup, measure) = (durations.warmup, durations.measure);
-            thread::spawn(move || {
-                let mut connection = Connection::open(&authority).expect("connect to nova");
-                let mut refused = 0u64;
-                let mut turn = c;
-                let mut append = |connection: &mut Connection, refused: &mut u64| -> bool {
-                    let path = &paths[turn % paths.len()];
-                    turn += CONNECTIONS;
-                    let status = connection.post(path, content_type, &body).expect("append");
-                    match status {
-                        200 => true,
-                        429 | 503 => {
-                            *refused += 1;
-                            thread::sleep(Duration::from_millis(1));
-                            false
-                        }
-                        other => panic!(
-                            "append to {path}: {other} {}",
-                            String::from_utf8_lossy(&connection.body)
-                        ),
+            let mut connection = Connection::open(authority).expect("connect to nova");
+            let mut turn = c;
+            move || {
+                let path = &paths[turn % paths.len()];
+                turn += CONNECTIONS;
+                match connection.post(path, content_type, &body).expect("append") {
+                    200 => true,
+                    429 | 503 => {
+                        thread::sleep(Duration::from_millis(1));
+                        false
                     }
-                };
-                let warm_until = Instant::now() + warmup;
-                while Instant::now() < warm_until {
-                    append(&mut connection, &mut refused);
+                    other => panic!(
+                        "append to {path}: {other} {}",
+                        String::from_utf8_lossy(&connection.body)
+                    ),
                 }
-                refused = 0;
-                gate.wait();
-                let mut latency = Histogram::<u64>::new(3).expect("histogram");
-                let mut appends = 0u64;
-                let started = Instant::now();
-                while started.elapsed() < measure {
-                    let sent = Instant::now();
-                    if append(&mut connection, &mut refused) {
-                        latency.record(sent.elapsed().as_micros() as u64).expect("in range");
-                        appends += 1;
-                    }
-                }
-                (appends, refused, started.elapsed(), latency)
-            })
-        })
-        .collect();
-    gate.wait();
-    let mut latency = Histogram::<u64>::new(3).expect("histogram");
-    let (mut appends, mut refused, mut elapsed) = (0u64, 0u64, Duration::ZERO);
-    for thread in threads {
-        let (count, refusals, took, histogram) = thread.join().expect("connection");
-        appends += count;
-        refused += refusals;
-        elapsed = elapsed.max(took);
-        latency.add(&histogram).expect("same precision");
-    }
-    let seconds = elapsed.as_secs_f64();
+            }
+        },
+        || {},
+    );
     Outcome {
-        appends_per_second: appends as f64 / seconds,
-        content_bytes_per_second: (appends * (case.records * RECORD_BYTES) as u64) as f64 / seconds,
-        request_bytes_per_second: (appends * body.len() as u64) as f64 / seconds,
-        latency: Percentiles::of(&latency),
-        refused,
+        appends_per_second: run.rate(1),
+        content_bytes_per_second: run.rate((case.records * RECORD_BYTES) as u64),
+        request_bytes_per_second: run.rate(body.len() as u64),
+        latency: Percentiles::of(&run.latency),
+        refused: run.refused,
     }
 }
 
@@ -330,65 +297,37 @@ fn in_process(data_dir: &Path, case: Case, durations: &Durations) -> Outcome {
     };
     block_on(client.control().create_bucket(&bucket, &request, None)).expect("bucket");
     let (_, framed) = append_body(Format::Binary, case.records);
-    let gate = Arc::new(Barrier::new(CONNECTIONS + 1));
-    let threads: Vec<_> = (0..CONNECTIONS)
-        .map(|c| {
-            let (client, bucket, gate, framed) =
-                (client.clone(), bucket.clone(), Arc::clone(&gate), framed.clone());
+    let framed = s3::Bytes::from(framed);
+    let run = harness::closed_loop(
+        CONNECTIONS,
+        durations.warmup,
+        durations.measure,
+        |c| {
+            let (client, bucket) = (client.clone(), bucket.clone());
             let keys: Vec<StreamKey> = (0..case.streams)
                 .map(|s| StreamKey::parse(&format!("in-{}-{}-{s}", case.streams, case.records)))
                 .collect::<Result<_, _>>()
                 .expect("keys");
-            let (warmup, measure) = (durations.warmup, durations.measure);
-            thread::spawn(move || {
-                let request = AppendRequest { framed: framed.into(), offered: None };
-                let mut turn = c;
-                let mut append = || {
-                    let key = &keys[turn % keys.len()];
-                    turn += CONNECTIONS;
-                    block_on(client.append(&bucket, key, request.clone())).expect("append");
-                };
-                let warm_until = Instant::now() + warmup;
-                while Instant::now() < warm_until {
-                    append();
-                }
-                gate.wait();
-                let mut latency = Histogram::<u64>::new(3).expect("histogram");
-                let mut appends = 0u64;
-                let started = Instant::now();
-                while started.elapsed() < measure {
-                    let sent = Instant::now();
-                    append();
-                    latency.record(sent.elapsed().as_micros() as u64).expect("in range");
-                    appends += 1;
-                }
-                (appends, started.elapsed(), latency)
-            })
-        })
-        .collect();
-    gate.wait();
-    let mut latency = Histogram::<u64>::new(3).expect("histogram");
-    let (mut appends, mut elapsed) = (0u64, Duration::ZERO);
-    for thread in threads {
-        let (count, took, histogram) = thread.join().expect("producer");
-        appends += count;
-        elapsed = elapsed.max(took);
-        latency.add(&histogram).expect("same precision");
-    }
+            let request = AppendRequest { framed: framed.clone(), offered: None };
+            let mut turn = c;
+            move || {
+                let key = &keys[turn % keys.len()];
+                turn += CONNECTIONS;
+                block_on(client.append(&bucket, key, request.clone())).expect("append");
+                true
+            }
+        },
+        || {},
+    );
     drop(client);
     node.stop();
-    let seconds = elapsed.as_secs_f64();
     Outcome {
-        appends_per_second: appends as f64 / seconds,
-        content_bytes_per_second: (appends * (case.records * RECORD_BYTES) as u64) as f64 / seconds,
-        request_bytes_per_second: (appends * framed_len(case.records) as u64) as f64 / seconds,
-        latency: Percentiles::of(&latency),
+        appends_per_second: run.rate(1),
+        content_bytes_per_second: run.rate((case.records * RECORD_BYTES) as u64),
+        request_bytes_per_second: run.rate(framed.len() as u64),
+        latency: Percentiles::of(&run.latency),
         refused: 0,
     }
-}
-
-fn framed_len(records: usize) -> usize {
-    append_body(Format::Binary, records).1.len()
 }
 
 /// Bytes per second one loopback TCP connection carries: the best of `passes`.

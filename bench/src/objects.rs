@@ -14,8 +14,7 @@
 //! node does not expose its uploader's counters (see docs/benchmarks.md).
 
 use std::path::PathBuf;
-use std::sync::{Arc, Barrier};
-use std::thread;
+use std::sync::Arc;
 use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 
 use engine::framing::{AppendBuilder, AppendConditions};
@@ -28,7 +27,7 @@ use futures_lite::future::block_on;
 use hdrhistogram::Histogram;
 use s3::{ObjectStore, PutCondition, S3Config, S3Credentials};
 
-use crate::harness::Percentiles;
+use crate::harness::{self, Percentiles};
 
 const RECORD_BYTES: usize = 1024;
 /// The streams' flush delay: short, so a 1-record batch's latency is the store's and not
@@ -116,54 +115,36 @@ fn batch(records: usize) -> AppendRequest {
 }
 
 fn run_case(client: &Client, bucket: &BucketName, case: Case, durations: &Durations) -> Appends {
-    let gate = Arc::new(Barrier::new(case.producers + 1));
-    let threads: Vec<_> = (0..case.producers)
-        .map(|p| {
-            let (client, bucket, gate) = (client.clone(), bucket.clone(), Arc::clone(&gate));
-            let (warmup, measure) = (durations.warmup, durations.measure);
-            thread::spawn(move || {
-                let key = StreamKey::parse(&format!("bench-{}-{}", case.records, p % STREAMS))
-                    .expect("key");
-                let request = batch(case.records);
-                let warm_until = Instant::now() + warmup;
-                while Instant::now() < warm_until {
-                    block_on(client.append(&bucket, &key, request.clone())).expect("append");
-                }
-                gate.wait();
-                let mut latency = Histogram::<u64>::new(3).expect("histogram");
-                let mut appends = 0u64;
-                let started = Instant::now();
-                while started.elapsed() < measure {
-                    let sent = Instant::now();
-                    block_on(client.append(&bucket, &key, request.clone())).expect("append");
-                    latency.record(sent.elapsed().as_micros() as u64).expect("in range");
-                    appends += 1;
-                }
-                (appends, started.elapsed(), latency)
-            })
-        })
-        .collect();
-    gate.wait();
-    let start_ms = now_ms();
-    let before = block_on(client.stats()).expect("stats");
-    let mut latency = Histogram::<u64>::new(3).expect("histogram");
-    let (mut appends, mut elapsed) = (0u64, Duration::ZERO);
-    for thread in threads {
-        let (count, took, histogram) = thread.join().expect("producer");
-        appends += count;
-        elapsed = elapsed.max(took);
-        latency.add(&histogram).expect("same precision");
-    }
-    let end_ms = now_ms();
+    let mut window = (0, 0);
+    let mut before = Vec::new();
+    let run = harness::closed_loop(
+        case.producers,
+        durations.warmup,
+        durations.measure,
+        |p| {
+            let (client, bucket) = (client.clone(), bucket.clone());
+            let key =
+                StreamKey::parse(&format!("bench-{}-{}", case.records, p % STREAMS)).expect("key");
+            let request = batch(case.records);
+            move || {
+                block_on(client.append(&bucket, &key, request.clone())).expect("append");
+                true
+            }
+        },
+        || {
+            window.0 = now_ms();
+            before = block_on(client.stats()).expect("stats");
+        },
+    );
+    window.1 = now_ms();
     let after = block_on(client.stats()).expect("stats");
     let jobs =
         |stats: &[engine::shard::ShardStats]| stats.iter().map(|s| s.upload_jobs).sum::<u64>();
-    let seconds = elapsed.as_secs_f64();
     Appends {
-        appends_per_second: appends as f64 / seconds,
-        content_bytes_per_second: (appends * (case.records * RECORD_BYTES) as u64) as f64 / seconds,
-        latency: Percentiles::of(&latency),
-        window_ms: (start_ms, end_ms),
+        appends_per_second: run.rate(1),
+        content_bytes_per_second: run.rate((case.records * RECORD_BYTES) as u64),
+        latency: Percentiles::of(&run.latency),
+        window_ms: window,
         upload_jobs: jobs(&after) - jobs(&before),
     }
 }
