@@ -218,7 +218,7 @@ mod tests {
     fn size_classes_waste_at_most_an_eighth_and_stay_aligned() {
         for len in (1..=4096).map(|blocks| blocks * ALIGNMENT) {
             let class = size_class(len);
-            assert!(class >= len && class % ALIGNMENT == 0, "{len} -> {class}");
+            assert!(class >= len && class.is_multiple_of(ALIGNMENT), "{len} -> {class}");
             assert!(class - len <= len / 8, "{len} -> {class}");
         }
         assert_eq!(size_class(ALIGNMENT), ALIGNMENT);
