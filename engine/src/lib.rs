@@ -21,6 +21,7 @@ pub mod framing;
 mod golden;
 pub mod ids;
 pub mod journal;
+pub mod latency;
 mod le;
 pub mod limits;
 pub mod meta;

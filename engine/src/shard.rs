@@ -44,6 +44,7 @@ use crate::error::{Error, Result};
 use crate::framing::{self, AppendFrame};
 use crate::ids::StreamId;
 use crate::journal::{Journal, JournalBuffer, JournalRead, Location, RecoveredEntry};
+use crate::latency::Latency;
 use crate::limits::{FENCING_TOKEN_BYTES_MAX, Limits};
 use crate::meta::RedbMetaStore;
 use crate::notify::Notify;
@@ -287,12 +288,20 @@ impl Slot {
 /// Counters a benchmark or `/metrics` reads.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
 pub struct ShardStats {
-    pub groups: u64,
-    /// Time spent writing and syncing journal groups, and the bytes they held.
-    pub group_micros: u64,
-    pub group_bytes: u64,
+    /// Journal group commits: how long each took (write and fdatasync), and the chunk
+    /// bytes and chunks they held.
+    pub journal_groups: Latency,
+    pub journal_bytes: u64,
     pub chunks: u64,
-    pub batches_acked: u64,
+    /// Appends and reads of the shard's express streams, and of its standard ones.
+    pub express: ClassStats,
+    pub standard: ClassStats,
+    /// Read pages served from chunks already in memory, and chunks read back (from the
+    /// journal or the object store) to serve a read: the read cache's hits and misses.
+    pub read_cache_hits: u64,
+    pub read_cache_misses: u64,
+    /// Time the shard's executor spent running tasks and polling I/O (not parked).
+    pub busy_micros: u64,
     /// Upload jobs applied (standard acknowledged, or express referenced).
     pub upload_jobs: u64,
     /// Reads waiting for records now (long polls).
@@ -303,6 +312,41 @@ pub struct ShardStats {
     /// Passes of the retention duty, and trims it made.
     pub retention_passes: u64,
     pub retention_trims: u64,
+}
+
+impl ShardStats {
+    /// Journal group commits written.
+    pub fn groups(&self) -> u64 {
+        self.journal_groups.count
+    }
+
+    /// Appends acknowledged, of either class.
+    pub fn batches_acked(&self) -> u64 {
+        self.express.appends + self.standard.appends
+    }
+
+    fn class_mut(&mut self, class: StorageClass) -> &mut ClassStats {
+        match class {
+            StorageClass::Express => &mut self.express,
+            StorageClass::Standard => &mut self.standard,
+        }
+    }
+}
+
+/// What one storage class's streams on a shard took in and gave out.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct ClassStats {
+    /// Appends acknowledged, their records and content bytes, and the time from the
+    /// append reaching the shard to its acknowledgement.
+    pub appends: u64,
+    pub records_in: u64,
+    pub bytes_in: u64,
+    pub ack_latency: Latency,
+    /// Read pages answered (long polls and subscriptions included), their records and
+    /// content bytes.
+    pub reads: u64,
+    pub records_out: u64,
+    pub bytes_out: u64,
 }
 
 pub(crate) struct Shard {
@@ -338,7 +382,7 @@ pub(crate) struct Shard {
     stopping: Cell<bool>,
     /// Set when the node starts stopping: waiting reads answer with what they have.
     closing: Cell<bool>,
-    stats: Cell<ShardStats>,
+    stats: RefCell<ShardStats>,
 }
 
 impl Shard {
@@ -374,7 +418,7 @@ impl Shard {
             failed: RefCell::default(),
             stopping: Cell::new(false),
             closing: Cell::new(false),
-            stats: Cell::default(),
+            stats: RefCell::default(),
         })
     }
 
@@ -383,7 +427,11 @@ impl Shard {
     }
 
     pub(crate) fn stats(&self) -> ShardStats {
-        self.stats.get()
+        let busy = glommio::executor().executor_stats().total_runtime();
+        ShardStats {
+            busy_micros: u64::try_from(busy.as_micros()).unwrap_or(u64::MAX),
+            ..*self.stats.borrow()
+        }
     }
 
     /// The node is stopping: reads waiting for records answer now with what they have
@@ -423,9 +471,7 @@ impl Shard {
     }
 
     fn count(&self, f: impl FnOnce(&mut ShardStats)) {
-        let mut stats = self.stats.get();
-        f(&mut stats);
-        self.stats.set(stats);
+        f(&mut self.stats.borrow_mut());
     }
 
     /// Runs one operation on a stream this shard leads. When no live stream is behind
@@ -578,6 +624,7 @@ impl Shard {
     }
 
     async fn append(self: &Rc<Self>, slot: &Rc<Slot>, request: AppendRequest) -> Result<AppendAck> {
+        let arrived = Instant::now();
         let frame = AppendFrame::decode(&request.framed)?;
         if let Some(token) = frame.conditions.fencing_token
             && token.len() > FENCING_TOKEN_BYTES_MAX
@@ -611,6 +658,7 @@ impl Shard {
         }
         let bytes = frame.data.len() as u64;
         self.make_room(bytes);
+        let class = slot.leader.borrow().options().class;
         let sequenced = {
             let mut leader = slot.leader.borrow_mut();
             if leader.is_deleted() {
@@ -618,7 +666,6 @@ impl Shard {
             }
             let (held, budget) = (&self.held, self.config.memory_budget_bytes);
             let journal = &self.journal;
-            let class = leader.options().class;
             let target = match class {
                 StorageClass::Express => self.config.express_chunk_bytes,
                 StorageClass::Standard => leader.options().batch_max_bytes as usize,
@@ -646,7 +693,13 @@ impl Shard {
         };
         self.queue_flush(slot);
         self.wait_durable(slot, sequenced.end.seq_num).await?;
-        self.count(|s| s.batches_acked += 1);
+        self.count(|s| {
+            let class = s.class_mut(class);
+            class.appends += 1;
+            class.records_in += u64::from(summary.records);
+            class.bytes_in += summary.content_bytes;
+            class.ack_latency.record(arrived.elapsed());
+        });
         Ok(AppendAck {
             start: sequenced.start,
             end: sequenced.end,
@@ -759,15 +812,13 @@ impl Shard {
                 journaled.into_iter().unzip();
             let count = chunks.len() as u64;
             let bytes: u64 = chunks.iter().map(|c| c.bytes().len() as u64).sum();
-            let started = std::time::Instant::now();
+            let started = Instant::now();
             match self.journal.append(chunks).await {
                 Ok(durable) => {
-                    let micros = started.elapsed().as_micros() as u64;
                     self.count(|s| {
-                        s.groups += 1;
+                        s.journal_groups.record(started.elapsed());
                         s.chunks += count;
-                        s.group_micros += micros;
-                        s.group_bytes += bytes;
+                        s.journal_bytes += bytes;
                     });
                     let lsn = durable.first().map_or(0, |(_, location)| location.lsn);
                     let mut uploads = Vec::with_capacity(durable.len());
@@ -834,6 +885,13 @@ impl Shard {
             let reply = self.page(slot, from, request.limits).await?;
             let waited_out = deadline.is_none_or(|d| Instant::now() >= d) || self.closing.get();
             if reply.record_count > 0 || waited_out {
+                let class = slot.leader.borrow().options().class;
+                self.count(|s| {
+                    let class = s.class_mut(class);
+                    class.reads += 1;
+                    class.records_out += reply.record_count;
+                    class.bytes_out += reply.content_bytes;
+                });
                 return Ok(reply);
             }
             let left =
@@ -880,10 +938,14 @@ impl Shard {
     }
 
     async fn page(&self, slot: &Slot, from: u64, limits: PageLimits) -> Result<ReadReply> {
+        let mut loaded = false;
         loop {
             let step = slot.leader.borrow().page(from, limits);
             match step {
                 Step::Ready(page) => {
+                    if !loaded {
+                        self.count(|s| s.read_cache_hits += 1);
+                    }
                     let mut frames = Vec::new();
                     for part in &page.parts {
                         framing::encode_records(&part.records(), &mut frames);
@@ -898,6 +960,7 @@ impl Shard {
                     });
                 }
                 Step::Load { first_seq_num, location } => {
+                    loaded = true;
                     self.load(slot, first_seq_num, location).await?
                 }
             }
@@ -906,6 +969,7 @@ impl Shard {
 
     /// Reads a chunk back from the journal or the object store into the stream's cache.
     async fn load(&self, slot: &Slot, first_seq_num: u64, location: Stored) -> Result<()> {
+        self.count(|s| s.read_cache_misses += 1);
         let chunk: Rc<dyn ChunkSource> = match location {
             Stored::Journal(location) => Rc::new(self.journal.read(&location).await?),
             Stored::Object(object) => {

@@ -120,12 +120,22 @@ fn pipelined_batches_take_contiguous_ranges_in_ack_order() {
         assert!(chunk.iter().all(|r| prefix(&r.2) == prefix(&chunk[0].2)), "{chunk:?}");
     }
     let stats = block_on(client.stats()).expect("stats");
-    assert_eq!(stats[0].batches_acked, 200);
-    assert!(stats[0].groups <= stats[0].batches_acked);
-    // The journal's counters: every record went through it, and writing took time.
+    let express = stats[0].express;
+    assert_eq!((express.appends, express.records_in), (200, 800));
+    assert_eq!(stats[0].standard, Default::default(), "no standard stream here");
+    assert_eq!(express.ack_latency.count, 200);
+    assert!(express.ack_latency.sum_micros > 0);
+    assert!(stats[0].groups() <= stats[0].batches_acked());
+    // Every record went through the journal, and writing took time.
     let bodies: u64 = all.iter().map(|r| r.2.len() as u64).sum();
-    assert!(stats[0].group_bytes > bodies, "{} journal bytes", stats[0].group_bytes);
-    assert!(stats[0].group_micros > 0);
+    assert_eq!(express.bytes_in, bodies);
+    assert!(stats[0].journal_bytes > bodies, "{} journal bytes", stats[0].journal_bytes);
+    assert!(stats[0].journal_groups.sum_micros > 0);
+    // read_all read it all back, page by page, from memory.
+    assert_eq!(express.records_out, 800);
+    assert_eq!(express.bytes_out, bodies);
+    assert!(express.reads >= 1 && stats[0].read_cache_hits >= express.reads);
+    assert!(stats[0].busy_micros > 0);
     drop(client);
     node.stop();
 }

@@ -7,7 +7,8 @@ use std::fmt::Write as _;
 use std::sync::Mutex;
 
 use engine::auditor::AuditorStats;
-use engine::shard::ShardStats;
+use engine::latency::{BOUNDS_MICROS, Latency};
+use engine::shard::{ClassStats, ShardStats};
 use engine::uploader::UploaderStats;
 
 #[derive(Default)]
@@ -21,6 +22,9 @@ struct ShardCounters {
 
 /// A shard counter of the engine: name, help, how to read it.
 type EngineCounter = (&'static str, &'static str, fn(&ShardStats) -> u64);
+
+/// A counter of one storage class on a shard: name, help, how to read it.
+type ClassCounter = (&'static str, &'static str, fn(&ClassStats) -> u64);
 
 /// Every shard's counters.
 pub struct Metrics {
@@ -117,27 +121,24 @@ impl Metrics {
         for (shard, _, _, in_flight) in &connections {
             let _ = writeln!(out, "nova_http_requests_in_flight{{shard=\"{shard}\"}} {in_flight}");
         }
-        let engine_counters: [(EngineCounter, &str); 10] = [
-            (("nova_shard_groups_total", "journal group commits written", |s| s.groups), "counter"),
+        let engine_counters: [(EngineCounter, &str); 12] = [
             (
-                (
-                    "nova_shard_journal_microseconds_total",
-                    "time spent writing and fdatasyncing journal groups (over the groups: the mean group commit)",
-                    |s| s.group_micros,
-                ),
+                ("nova_shard_groups_total", "journal group commits written", ShardStats::groups),
                 "counter",
             ),
             (
                 ("nova_shard_journal_bytes_total", "chunk bytes written to the journal", |s| {
-                    s.group_bytes
+                    s.journal_bytes
                 }),
                 "counter",
             ),
             (("nova_shard_chunks_total", "chunks made durable", |s| s.chunks), "counter"),
             (
-                ("nova_shard_batches_acked_total", "append batches acknowledged", |s| {
-                    s.batches_acked
-                }),
+                (
+                    "nova_shard_batches_acked_total",
+                    "append batches acknowledged",
+                    ShardStats::batches_acked,
+                ),
                 "counter",
             ),
             (
@@ -149,6 +150,22 @@ impl Metrics {
             (
                 ("nova_shard_reads_waiting", "long polls waiting for records", |s| s.reads_waiting),
                 "gauge",
+            ),
+            (
+                (
+                    "nova_shard_read_cache_hits_total",
+                    "read pages served from chunks already in memory",
+                    |s| s.read_cache_hits,
+                ),
+                "counter",
+            ),
+            (
+                (
+                    "nova_shard_read_cache_misses_total",
+                    "chunks read back from the journal or the object store to serve a read",
+                    |s| s.read_cache_misses,
+                ),
+                "counter",
             ),
             (
                 ("nova_settled_objects_total", "settled objects written", |s| s.settled_objects),
@@ -166,6 +183,14 @@ impl Metrics {
                 }),
                 "counter",
             ),
+            (
+                (
+                    "nova_shard_busy_microseconds_total",
+                    "time the shard's reactor ran tasks or polled I/O rather than sleeping (its rate is the reactor's utilisation)",
+                    |s| s.busy_micros,
+                ),
+                "counter",
+            ),
         ];
         for ((name, help, value), kind) in engine_counters {
             let _ = writeln!(out, "# HELP {name} {help}, per shard.\n# TYPE {name} {kind}");
@@ -173,6 +198,46 @@ impl Metrics {
                 let _ = writeln!(out, "{name}{{shard=\"{shard}\"}} {}", value(stats));
             }
         }
+        let class_counters: [ClassCounter; 6] = [
+            ("nova_appends_total", "append batches acknowledged", |c| c.appends),
+            ("nova_records_in_total", "records appended", |c| c.records_in),
+            ("nova_bytes_in_total", "content bytes appended", |c| c.bytes_in),
+            ("nova_reads_total", "read pages answered", |c| c.reads),
+            ("nova_records_out_total", "records read", |c| c.records_out),
+            ("nova_bytes_out_total", "content bytes read", |c| c.bytes_out),
+        ];
+        for (name, help, value) in class_counters {
+            let _ = writeln!(out, "# HELP {name} {help}, per shard and storage class.");
+            let _ = writeln!(out, "# TYPE {name} counter");
+            for (shard, stats) in stats.iter().enumerate() {
+                for (class, counts) in classes(stats) {
+                    let _ = writeln!(
+                        out,
+                        "{name}{{shard=\"{shard}\",class=\"{class}\"}} {}",
+                        value(counts)
+                    );
+                }
+            }
+        }
+        histogram(
+            &mut out,
+            "nova_ack_latency_seconds",
+            "time from an append reaching its shard to its acknowledgement, per shard and storage class",
+            stats.iter().enumerate().flat_map(|(shard, stats)| {
+                classes(stats).map(|(class, counts)| {
+                    (format!("shard=\"{shard}\",class=\"{class}\""), &counts.ack_latency)
+                })
+            }),
+        );
+        histogram(
+            &mut out,
+            "nova_journal_group_seconds",
+            "time a journal group commit took (its writes and its fdatasync), per shard",
+            stats
+                .iter()
+                .enumerate()
+                .map(|(shard, stats)| (format!("shard=\"{shard}\""), &stats.journal_groups)),
+        );
         let node: [(&str, &str, &str, u64); 11] = [
             ("nova_uploader_bundles_total", "counter", "transit bundles written", uploader.bundles),
             (
@@ -235,5 +300,29 @@ impl Metrics {
             let _ = writeln!(out, "# HELP {name} {help}.\n# TYPE {name} {kind}\n{name} {value}");
         }
         out
+    }
+}
+
+/// A shard's per-class stats, labelled.
+fn classes(stats: &ShardStats) -> [(&'static str, &ClassStats); 2] {
+    [("express", &stats.express), ("standard", &stats.standard)]
+}
+
+/// One Prometheus histogram: cumulative buckets in seconds, sum and count, per label set.
+fn histogram<'a>(
+    out: &mut String,
+    name: &str,
+    help: &str,
+    series: impl Iterator<Item = (String, &'a Latency)>,
+) {
+    let _ = writeln!(out, "# HELP {name} {help}.\n# TYPE {name} histogram");
+    for (labels, latency) in series {
+        for (bound, count) in BOUNDS_MICROS.iter().zip(latency.cumulative()) {
+            let le = *bound as f64 / 1e6;
+            let _ = writeln!(out, "{name}_bucket{{{labels},le=\"{le}\"}} {count}");
+        }
+        let _ = writeln!(out, "{name}_bucket{{{labels},le=\"+Inf\"}} {}", latency.count);
+        let _ = writeln!(out, "{name}_sum{{{labels}}} {}", latency.sum_micros as f64 / 1e6);
+        let _ = writeln!(out, "{name}_count{{{labels}}} {}", latency.count);
     }
 }

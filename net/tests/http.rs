@@ -808,9 +808,47 @@ fn health_metrics_and_request_ids(nova: &Nova) {
         "{text}"
     );
     assert!(text.contains(r#"nova_shard_batches_acked_total{shard="1"}"#), "{text}");
-    for name in ["nova_shard_journal_microseconds_total", "nova_shard_journal_bytes_total"] {
-        assert!(text.contains(&format!("# TYPE {name} counter\n{name}{{shard=\"0\"}} ")), "{text}");
+    for (name, kind) in [
+        ("nova_shard_journal_bytes_total", "counter"),
+        ("nova_shard_read_cache_hits_total", "counter"),
+        ("nova_shard_busy_microseconds_total", "counter"),
+        ("nova_appends_total", "counter"),
+        ("nova_bytes_out_total", "counter"),
+        ("nova_ack_latency_seconds", "histogram"),
+        ("nova_journal_group_seconds", "histogram"),
+    ] {
+        assert!(text.contains(&format!("# TYPE {name} {kind}\n")), "{name}: {text}");
     }
+    // An express append and its read show up in its class's counters and histogram.
+    let sum = |text: &str, prefix: &str| -> f64 {
+        text.lines()
+            .filter(|l| l.starts_with(prefix) && l.contains("class=\"express\""))
+            .filter_map(|l| l.rsplit(' ').next()?.parse::<f64>().ok())
+            .sum()
+    };
+    let before = |name: &str| sum(&text, name);
+    nova.ok(
+        "POST",
+        "/v1/buckets/metered",
+        Some(r#"{"create_stream_on_append":true,"default_class":"express"}"#),
+        201,
+    );
+    nova.ok(
+        "POST",
+        "/v1/streams/metered/s/records",
+        Some(r#"{"records":[{"body":"abc"},{"body":"de"}]}"#),
+        200,
+    );
+    nova.ok("GET", "/v1/streams/metered/s/records?seq_num=0", None, 200);
+    let after = nova.call("GET", "/metrics", None).text();
+    let grew = |name: &str| sum(&after, name) - before(name);
+    assert_eq!(grew("nova_appends_total{"), 1.0, "{after}");
+    assert_eq!(grew("nova_records_in_total{"), 2.0, "{after}");
+    assert_eq!(grew("nova_bytes_in_total{"), 5.0, "{after}");
+    assert_eq!(grew("nova_ack_latency_seconds_count{"), 1.0, "{after}");
+    assert!(grew("nova_ack_latency_seconds_bucket{") > 0.0, "{after}");
+    assert_eq!(grew("nova_records_out_total{"), 2.0, "{after}");
+    assert_eq!(grew("nova_bytes_out_total{"), 5.0, "{after}");
     assert!(text.contains("\nnova_auditor_backlog_seconds 0\n"), "{text}");
     assert!(text.contains("# TYPE nova_uploader_bundles_total counter"), "{text}");
 }
