@@ -106,12 +106,12 @@ fn run_case(
         || {},
     );
     let after = block_on(client.stats()).expect("stats")[0];
-    let groups = (after.groups - before.groups).max(1);
+    let groups = (after.groups() - before.groups()).max(1);
     Outcome {
         appends_per_second: run.rate(1),
         content_bytes_per_second: run.rate((records * RECORD_BYTES) as u64),
         latency: Percentiles::of(&run.latency),
-        batches_per_sync: (after.batches_acked - before.batches_acked) as f64 / groups as f64,
+        batches_per_sync: (after.batches_acked() - before.batches_acked()) as f64 / groups as f64,
     }
 }
 
