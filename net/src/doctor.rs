@@ -1,7 +1,7 @@
 //! `nova doctor`: inspects the host nova would run on and says what it found and what to
 //! change: cores and the shard count nova picks, memory against the shards' budgets, the
 //! kernel, io_uring, RLIMIT_MEMLOCK, the data directory (writable, O_DIRECT, poll queues,
-//! fdatasync latency, free space) and, with the `--s3-*` flags of `nova serve`, a round
+//! write cache, fdatasync latency, free space) and, with the `--s3-*` flags of `nova serve`, a round
 //! trip to the object store. `docs/doctor.md` describes every check.
 //!
 //! It only reads the host, except for a temporary file in the data directory (and the
@@ -97,7 +97,7 @@ pub fn help() -> String {
          example: nova doctor --json --s3-bucket nova --s3-endpoint http://127.0.0.1:9000 --s3-path-style\n\n\
          Checks cores, memory, the kernel, io_uring, RLIMIT_MEMLOCK, and on the data directory\n\
          (created if missing, default from NOVA_DATA_DIR, else ./nova-data): a temporary file\n\
-         written with O_DIRECT, the block device's poll queues, the latency of 4 KiB writes\n\
+         written with O_DIRECT, the block device's poll queues and write cache, the latency of 4 KiB writes\n\
          each followed by fdatasync, and free space. With --s3-bucket it PUTs, GETs and\n\
          DELETEs a small object under nova-doctor/ in the bucket.\n\n\
          Each finding is ok, warn or fail; the exit status is 1 when any check fails, 2 on\n\
@@ -467,7 +467,7 @@ impl Drop for TempFile {
     }
 }
 
-/// The data directory checks: writable, O_DIRECT, poll queues, fdatasync latency, free
+/// The data directory checks: writable, O_DIRECT, poll queues, write cache, fdatasync latency, free
 /// space. The ones after `data_dir` need the directory and say so when it is unusable.
 fn data_dir_checks(options: &Options, shards: usize) -> Vec<Finding> {
     let dir = &options.data_dir;
@@ -497,6 +497,7 @@ fn data_dir_checks(options: &Options, shards: usize) -> Vec<Finding> {
                 ),
                 not_checked("o_direct"),
                 not_checked("io_poll"),
+                not_checked("write_cache"),
                 not_checked("fdatasync"),
                 not_checked("disk_space"),
             ]
@@ -515,6 +516,7 @@ fn data_dir_checks(options: &Options, shards: usize) -> Vec<Finding> {
             let direct = o_direct(dir);
             findings.push(direct.0);
             findings.push(io_poll(dir));
+            findings.push(write_cache(dir));
             findings.push(fdatasync(dir, direct.1, options.sync_writes));
             findings.push(disk_space(dir, shards));
             findings
@@ -601,28 +603,43 @@ fn o_direct(dir: &Path) -> (Finding, bool) {
     }
 }
 
-/// The block device under `dir` and whether it has poll queues (glommio's IOPOLL ring).
-fn io_poll(dir: &Path) -> Finding {
+/// The whole block device under `dir`: its name and its `/sys/block` directory; else
+/// the finding `check` reports (not a block device, or the directory cannot be read).
+fn block_device(dir: &Path, check: &'static str) -> Result<(String, PathBuf), Finding> {
     let Ok(meta) = std::fs::metadata(dir) else {
-        return finding("io_poll", Status::Warn, "cannot stat the data directory".into());
+        return Err(finding(check, Status::Warn, "cannot stat the data directory".into()));
     };
     let dev = meta.dev();
     // glibc's encoding of dev_t.
     let major = ((dev >> 8) & 0xfff) | ((dev >> 32) & !0xfff);
     let minor = (dev & 0xff) | ((dev >> 12) & !0xff);
     let Ok(mut sys) = std::fs::canonicalize(format!("/sys/dev/block/{major}:{minor}")) else {
-        return finding(
-            "io_poll",
+        return Err(finding(
+            check,
             Status::Ok,
-            format!("device {major}:{minor} is not a block device (tmpfs, overlay or network?): no polled I/O"),
+            format!("device {major}:{minor} is not a block device (tmpfs, overlay or network?)"),
         )
-        .details(json!({ "device": format!("{major}:{minor}"), "io_poll": Value::Null }));
+        .details(json!({ "device": format!("{major}:{minor}") })));
     };
     if sys.join("partition").exists() {
         sys.pop();
     }
     let name = sys.file_name().map(|n| n.to_string_lossy().into_owned()).unwrap_or_default();
-    let poll = std::fs::read_to_string(sys.join("queue/io_poll")).ok().map(|s| s.trim().to_owned());
+    Ok((name, sys))
+}
+
+/// A `/sys/block/<dev>/queue` attribute, trimmed.
+fn queue_attribute(sys: &Path, name: &str) -> Option<String> {
+    std::fs::read_to_string(sys.join("queue").join(name)).ok().map(|s| s.trim().to_owned())
+}
+
+/// The block device under `dir` and whether it has poll queues (glommio's IOPOLL ring).
+fn io_poll(dir: &Path) -> Finding {
+    let (name, sys) = match block_device(dir, "io_poll") {
+        Ok(device) => device,
+        Err(finding) => return finding,
+    };
+    let poll = queue_attribute(&sys, "io_poll");
     let details = json!({ "device": name, "io_poll": poll });
     match poll.as_deref() {
         Some("1") => finding(
@@ -645,6 +662,47 @@ fn io_poll(dir: &Path) -> Finding {
         .details(details),
         None => finding("io_poll", Status::Ok, format!("{name}: no queue/io_poll to read"))
             .details(details),
+    }
+}
+
+/// What an fdatasync asks of the device under `dir`: a volatile write cache without FUA
+/// makes each one a flush of the whole cache, shared with every other writer on the disk.
+fn write_cache(dir: &Path) -> Finding {
+    let (name, sys) = match block_device(dir, "write_cache") {
+        Ok(device) => device,
+        Err(finding) => return finding,
+    };
+    let cache = queue_attribute(&sys, "write_cache");
+    let fua = queue_attribute(&sys, "fua");
+    // The active scheduler is the one in brackets: "none [mq-deadline] kyber".
+    let scheduler = queue_attribute(&sys, "scheduler").map(|all| {
+        all.split_whitespace()
+            .find_map(|s| s.strip_prefix('[').and_then(|s| s.strip_suffix(']')))
+            .unwrap_or(&all)
+            .to_owned()
+    });
+    let details =
+        json!({ "device": name, "write_cache": cache, "fua": fua, "scheduler": scheduler });
+    let shown = |value: &Option<String>| value.clone().unwrap_or_else(|| "unknown".into());
+    let found = format!(
+        "{name}: write cache {}, FUA {}, scheduler {}",
+        shown(&cache),
+        match fua.as_deref() {
+            Some("1") => "yes",
+            Some(_) => "no",
+            None => "unknown",
+        },
+        shown(&scheduler)
+    );
+    let finding = finding("write_cache", Status::Ok, found).details(details);
+    if cache.as_deref() == Some("write back") && fua.as_deref() != Some("1") {
+        finding.recommend(
+            "each fdatasync flushes the device's whole cache, so the express journal's group \
+             commits wait on every other write to this disk (the local object store's too): keep \
+             heavy writers off it, or put objects on S3 (docs/benchmarks.md)",
+        )
+    } else {
+        finding
     }
 }
 

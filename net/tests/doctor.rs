@@ -10,7 +10,7 @@ use s3::testing::Moto;
 use serde_json::Value;
 
 /// Every check the doctor runs, in its order (docs/doctor.md).
-const CHECKS: [&str; 11] = [
+const CHECKS: [&str; 12] = [
     "cores",
     "memory",
     "kernel",
@@ -19,6 +19,7 @@ const CHECKS: [&str; 11] = [
     "data_dir",
     "o_direct",
     "io_poll",
+    "write_cache",
     "fdatasync",
     "disk_space",
     "object_store",
@@ -44,14 +45,17 @@ fn doctor_json(data_dir: &Path, extra: &[&str]) -> (i32, Value) {
     (out.status.code().expect("exited"), report)
 }
 
-fn status<'a>(report: &'a Value, check: &str) -> &'a str {
+fn finding<'a>(report: &'a Value, check: &str) -> &'a Value {
     report["findings"]
         .as_array()
         .expect("findings")
         .iter()
         .find(|f| f["check"] == check)
-        .and_then(|f| f["status"].as_str())
         .unwrap_or_else(|| panic!("no finding {check}: {report}"))
+}
+
+fn status<'a>(report: &'a Value, check: &str) -> &'a str {
+    finding(report, check)["status"].as_str().expect("a status")
 }
 
 /// Every check appears once, in order, with a status and a one-line finding, and the
@@ -80,6 +84,17 @@ fn reports_every_finding_with_a_status_and_cleans_up() {
     check_shape(code, &report);
     assert_eq!(status(&report, "data_dir"), "ok", "{report}");
     assert_eq!(report["data_dir"], data.to_str().expect("utf-8"));
+    // The write cache finding names the device and what its queue says, when it has one.
+    let cache = finding(&report, "write_cache");
+    assert_eq!(cache["status"], "ok", "{cache}");
+    if let Some(device) = cache["details"]["device"].as_str()
+        && cache["details"].get("write_cache").is_some()
+    {
+        let found = cache["found"].as_str().expect("found");
+        assert!(found.starts_with(&format!("{device}: write cache ")), "{cache}");
+        let scheduler = cache["details"]["scheduler"].as_str().unwrap_or("unknown");
+        assert!(!scheduler.contains('['), "the active scheduler alone: {cache}");
+    }
     // It made `a/data` for its probes and leaves the file system as it found it.
     assert!(!dir.path().join("a").exists(), "the doctor left its directories behind");
 
@@ -147,7 +162,7 @@ fn s3_round_trip_against_moto() {
     let (code, report) = doctor_json(&dir.path().join("data"), &s3);
     check_shape(code, &report);
     assert_eq!(status(&report, "object_store"), "ok", "{report}");
-    let details = &report["findings"][10]["details"];
+    let details = &finding(&report, "object_store")["details"];
     assert_eq!(details["store"], "s3", "{report}");
     assert!(details["put_us"].as_u64().is_some_and(|us| us > 0), "{report}");
 
