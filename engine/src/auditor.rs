@@ -8,7 +8,10 @@
 //! 2. **Objects no ref names** (transit bundles and settled objects; other keys in the
 //!    store are never touched) are marked dead in metadata (`g/<key>` → time). An
 //!    object is marked only once it was seen unreferenced on two passes an interval
-//!    apart, so a bundle whose refs are being written is never marked.
+//!    apart, so a bundle whose refs land within an interval of its PUT is never marked.
+//!    One whose refs take longer is refused them, and the shard writes its chunks to a
+//!    new bundle (`shard/uploads.rs`): a slow metadata write costs a rewrite, never an
+//!    acknowledged record.
 //! 3. **Dead objects past the read grace** (`--auditor-read-grace-ms` since the mark)
 //!    are deleted, after the refs are read once more. A mark also blocks new refs to the
 //!    object (`ControlPlane::put_refs` checks it in the same transaction), so between

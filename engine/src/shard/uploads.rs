@@ -285,8 +285,18 @@ impl From<&Placement> for ObjectSlot {
     }
 }
 
+/// How many times a job writes its chunks anew after the auditor marked the bundle they
+/// went to (see [`run`]) before the shard gives up.
+const DEAD_BUNDLE_RETRIES: u32 = 16;
+
 /// One job's work, off the shard's state: make the chunks uploadable, upload them in
 /// one request, make their refs durable.
+///
+/// The auditor marks an object dead once it has seen it unreferenced for an interval,
+/// and a mark refuses new refs to it (`ObjectDead`). A bundle whose refs took longer
+/// than that to land (a slow metadata write, a short `--auditor-interval-ms`) is such an
+/// object: its chunks then go to a new bundle, and the marked one is the auditor's to
+/// delete. Nothing was acknowledged from the first bundle, so nothing is lost.
 async fn run(
     uploader: Uploader,
     control: ControlPlane<RedbMetaStore>,
@@ -307,22 +317,32 @@ async fn run(
             chunks
         }
     };
-    let uploaded = uploader.upload(chunks.into_iter().map(UploadChunk::from).collect()).await?;
-    let refs: Vec<RefRow> = uploaded
-        .placements
-        .iter()
-        .zip(&uploaded.chunks)
-        .map(|(placement, chunk)| RefRow {
-            id: placement.stream_id,
-            first_seq_num: placement.first_seq_num,
-            record_count: placement.record_count,
-            last_timestamp: chunk.header().last_timestamp,
-            data_len: chunk.header().data_len,
-            object: placement.key.to_string(),
-            offset: placement.offset,
-            length: placement.length,
-        })
-        .collect();
-    control.put_refs(&refs).await?;
-    Ok(uploaded.placements.into_iter().zip(uploaded.chunks).collect())
+    let mut chunks = chunks;
+    let mut rewrites = 0;
+    loop {
+        let uploaded = uploader.upload(chunks.into_iter().map(UploadChunk::from).collect()).await?;
+        let refs: Vec<RefRow> = uploaded
+            .placements
+            .iter()
+            .zip(&uploaded.chunks)
+            .map(|(placement, chunk)| RefRow {
+                id: placement.stream_id,
+                first_seq_num: placement.first_seq_num,
+                record_count: placement.record_count,
+                last_timestamp: chunk.header().last_timestamp,
+                data_len: chunk.header().data_len,
+                object: placement.key.to_string(),
+                offset: placement.offset,
+                length: placement.length,
+            })
+            .collect();
+        match control.put_refs(&refs).await {
+            Ok(()) => return Ok(uploaded.placements.into_iter().zip(uploaded.chunks).collect()),
+            Err(Error::ObjectDead { .. }) if rewrites < DEAD_BUNDLE_RETRIES => {
+                rewrites += 1;
+                chunks = uploaded.chunks;
+            }
+            Err(error) => return Err(error),
+        }
+    }
 }
