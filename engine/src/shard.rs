@@ -296,8 +296,8 @@ pub struct ShardStats {
     /// Appends and reads of the shard's express streams, and of its standard ones.
     pub express: ClassStats,
     pub standard: ClassStats,
-    /// Read pages served from chunks already in memory, and chunks read back (from the
-    /// journal or the object store) to serve a read: the read cache's hits and misses.
+    /// Reads answered without loading a chunk, and chunks read back (from the journal or
+    /// the object store) to serve a read: the read cache's hits and misses.
     pub read_cache_hits: u64,
     pub read_cache_misses: u64,
     /// Time the shard's executor spent running tasks and polling I/O (not parked).
@@ -882,11 +882,12 @@ impl Shard {
                 return Err(slot.not_found());
             }
             let from = self.locate(slot, request.start, request.clamp).await?;
-            let reply = self.page(slot, from, request.limits).await?;
+            let (reply, loaded) = self.page(slot, from, request.limits).await?;
             let waited_out = deadline.is_none_or(|d| Instant::now() >= d) || self.closing.get();
             if reply.record_count > 0 || waited_out {
                 let class = slot.leader.borrow().options().class;
                 self.count(|s| {
+                    s.read_cache_hits += u64::from(!loaded);
                     let class = s.class_mut(class);
                     class.reads += 1;
                     class.records_out += reply.record_count;
@@ -937,27 +938,26 @@ impl Shard {
         }
     }
 
-    async fn page(&self, slot: &Slot, from: u64, limits: PageLimits) -> Result<ReadReply> {
+    /// One page from `from`, and whether a chunk had to be loaded for it.
+    async fn page(&self, slot: &Slot, from: u64, limits: PageLimits) -> Result<(ReadReply, bool)> {
         let mut loaded = false;
         loop {
             let step = slot.leader.borrow().page(from, limits);
             match step {
                 Step::Ready(page) => {
-                    if !loaded {
-                        self.count(|s| s.read_cache_hits += 1);
-                    }
                     let mut frames = Vec::new();
                     for part in &page.parts {
                         framing::encode_records(&part.records(), &mut frames);
                     }
-                    return Ok(ReadReply {
+                    let reply = ReadReply {
                         frames,
                         record_count: page.record_count(),
                         content_bytes: page.content_bytes,
                         next_seq_num: page.next_seq_num,
                         tail: page.tail,
                         reached_until: page.reached_until,
-                    });
+                    };
+                    return Ok((reply, loaded));
                 }
                 Step::Load { first_seq_num, location } => {
                     loaded = true;

@@ -134,7 +134,8 @@ fn pipelined_batches_take_contiguous_ranges_in_ack_order() {
     // read_all read it all back, page by page, from memory.
     assert_eq!(express.records_out, 800);
     assert_eq!(express.bytes_out, bodies);
-    assert!(express.reads >= 1 && stats[0].read_cache_hits >= express.reads);
+    assert!(express.reads >= 1);
+    assert_eq!((stats[0].read_cache_hits, stats[0].read_cache_misses), (express.reads, 0));
     assert!(stats[0].busy_micros > 0);
     drop(client);
     node.stop();
@@ -713,8 +714,10 @@ fn knobs_at_their_defaults_make_the_default_config_and_each_is_read_once() {
         })
         .expect("defaults are valid");
     assert_eq!(format!("{applied:?}"), format!("{defaults:?}"));
-    let listed: Vec<&str> = engine::node::ENGINE_KNOBS.iter().map(|k| k.flag).collect();
-    assert_eq!(read, listed, "ENGINE_KNOBS is what apply_knobs reads, in order");
+    let mut once = read.clone();
+    once.sort_unstable();
+    once.dedup();
+    assert_eq!(once.len(), read.len(), "no knob is read twice: {read:?}");
     // A knob's error stops the whole and names it.
     let mut failing = engine::node::NodeConfig::new(dir.path());
     let error = failing

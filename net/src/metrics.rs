@@ -154,7 +154,7 @@ impl Metrics {
             (
                 (
                     "nova_shard_read_cache_hits_total",
-                    "read pages served from chunks already in memory",
+                    "reads answered without loading a chunk",
                     |s| s.read_cache_hits,
                 ),
                 "counter",
