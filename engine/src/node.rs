@@ -134,7 +134,7 @@ impl NodeConfig {
 impl NodeConfig {
     /// Sets every engine knob from `value` (a server's flags, environment and defaults,
     /// `tuning::Knob::resolve`). The object store's transfer knobs (`s3-*`) belong to
-    /// its `S3Config`; the HTTP knobs to the server. [`ENGINE_KNOBS`] lists what it reads.
+    /// its `S3Config`; the HTTP knobs to the server. [`engine_knobs`] lists what it reads.
     pub fn apply_knobs(
         &mut self,
         value: &mut dyn FnMut(tuning::Knob) -> std::result::Result<u64, String>,
@@ -178,34 +178,18 @@ impl NodeConfig {
     }
 }
 
-/// The engine knobs [`NodeConfig::apply_knobs`] reads.
-pub const ENGINE_KNOBS: &[tuning::Knob] = &[
-    tuning::SHARDS,
-    tuning::RECORD_BYTES_MAX,
-    tuning::SHARD_MEMORY_BYTES,
-    tuning::EXPRESS_CHUNK_BYTES,
-    tuning::SHARD_UPLOADS_IN_FLIGHT_MAX,
-    tuning::SETTLE_TARGET_BYTES,
-    tuning::SETTLE_AGE_MS,
-    tuning::SETTLE_INTERVAL_MS,
-    tuning::RETENTION_INTERVAL_MS,
-    tuning::SHARD_INBOX_DEPTH,
-    tuning::SHARD_HANDLERS_MAX,
-    tuning::JOURNAL_SEGMENT_BYTES,
-    tuning::JOURNAL_SPARE_SEGMENTS,
-    tuning::BUNDLE_BYTES_TARGET,
-    tuning::BUNDLE_DELAY_MS,
-    tuning::UPLOADS_IN_FLIGHT_MAX,
-    tuning::OBJECT_READS_IN_FLIGHT_MAX,
-    tuning::UPLOADER_QUEUE_DEPTH,
-    tuning::UPLOAD_BACKOFF_INITIAL_MS,
-    tuning::UPLOAD_BACKOFF_MAX_MS,
-    tuning::UPLOADER_DRAIN_MS,
-    tuning::AUDITOR_READ_GRACE_MS,
-    tuning::AUDITOR_INTERVAL_MS,
-    tuning::LOCAL_STORE_IO_CONCURRENCY,
-    tuning::BUFFER_POOL_BYTES,
-];
+/// The engine knobs [`NodeConfig::apply_knobs`] reads, in order: found by applying
+/// every default to a throwaway config, so the list cannot drift from what it reads.
+pub fn engine_knobs() -> Vec<tuning::Knob> {
+    let mut read = Vec::new();
+    NodeConfig::new(".")
+        .apply_knobs(&mut |knob| {
+            read.push(knob);
+            Ok(knob.default)
+        })
+        .expect("every knob's default is valid");
+    read
+}
 
 /// Every core but one (the uploader's and the metadata thread's), at least one.
 pub fn default_shards() -> usize {

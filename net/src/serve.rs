@@ -15,7 +15,7 @@ use tuning::Knob;
 use crate::metrics::Metrics;
 use crate::server::{self, ServerConfig};
 
-/// The HTTP server's knobs; the engine's are `engine::node::ENGINE_KNOBS` and the S3
+/// The HTTP server's knobs; the engine's are `engine::node::engine_knobs()` and the S3
 /// store's [`S3_KNOBS`]. Together they are every knob (`tuning::KNOBS`), and `nova serve`
 /// takes each as a flag.
 pub const HTTP_KNOBS: [Knob; 4] = [
@@ -251,7 +251,7 @@ mod tests {
 
     #[test]
     fn every_knob_is_read_by_exactly_one_part_of_the_server() {
-        let mut read: Vec<&str> = engine::node::ENGINE_KNOBS.iter().map(|k| k.flag).collect();
+        let mut read: Vec<&str> = engine::node::engine_knobs().iter().map(|k| k.flag).collect();
         read.extend(HTTP_KNOBS.iter().map(|k| k.flag));
         read.extend(S3_KNOBS.iter().map(|k| k.flag));
         read.sort_unstable();
