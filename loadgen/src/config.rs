@@ -168,6 +168,11 @@ impl Config {
                 i += 1;
                 Ok(v)
             };
+            const SWITCHES: [&str; 5] =
+                ["--spawn", "--closed-loop", "--catch-up", "--verify", "--no-progress"];
+            if SWITCHES.contains(&flag.as_str()) && inline.is_some() {
+                return Err(format!("{flag} takes no value (leave it out to turn it off)"));
+            }
             match flag.as_str() {
                 "-h" | "--help" => return Ok(None),
                 "--url" => url = Some(value()?),
@@ -343,6 +348,11 @@ mod tests {
         assert!(parse(&["--spawn", "--record-bytes-dist", "uniform:100:50"]).is_err());
         assert!(parse(&["--spawn", "--report", "x.png"]).is_err());
         assert!(parse(&["--spawn", "--bogus"]).is_err());
+        for switch in ["--verify=false", "--closed-loop=no", "--catch-up=0", "--no-progress=1"] {
+            let refused = parse(&["--spawn", switch]).expect_err(switch);
+            assert!(refused.contains("takes no value"), "{switch}: {refused}");
+        }
+        assert!(parse(&["--spawn=yes"]).is_err());
         assert!(parse(&["--help"]).unwrap().is_none());
     }
 

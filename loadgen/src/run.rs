@@ -178,7 +178,15 @@ pub fn run(config: Config, on_target: &mut dyn FnMut(&str)) -> Result<Outcome, S
         // Followers stop at each stream's tail as it is now.
         *shared.producers_done_at.lock().unwrap_or_else(|e| e.into_inner()) = Some(Instant::now());
         for spec in &specs {
-            let tail = client.check_tail(&spec.address).map(|t| t.seq_num).unwrap_or(0);
+            // Unknown (the check failed): followers run to the drain limit rather than stop
+            // at once with the end-to-end figures cut short.
+            let tail = match client.check_tail(&spec.address) {
+                Ok(tail) => tail.seq_num,
+                Err(e) => {
+                    eprintln!("loadgen: {}: final tail: {e}", spec.address);
+                    u64::MAX
+                }
+            };
             shared.final_tails[spec.number as usize].store(tail, Ordering::Release);
         }
         let consumers: Vec<ConsumerOutcome> = consumers

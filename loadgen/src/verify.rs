@@ -23,28 +23,25 @@ pub struct Acked {
 pub struct Ledger {
     /// Records sent: indices `0..sent`.
     pub sent: u64,
-    /// Records whose append failed: they may or may not be in the stream.
-    pub unknown: u64,
     acked: Vec<Acked>,
     /// Acknowledged batches not yet linked into the chain (digests by record), by seq_num.
-    waiting: BTreeMap<u64, (u64, Vec<u64>)>,
+    waiting: BTreeMap<u64, Vec<u64>>,
     chain: u64,
-    chain_next_seq: Option<u64>,
+    chain_next_seq: u64,
 }
 
 impl Ledger {
     pub fn new(base_seq: u64) -> Self {
-        Self { chain_next_seq: Some(base_seq), ..Self::default() }
+        Self { chain_next_seq: base_seq, ..Self::default() }
     }
 
     /// An acknowledged batch, with its records' digests (empty when not verifying).
     pub fn acked(&mut self, seq_num: u64, index: u64, digests: Vec<u64>) {
         self.acked.push(Acked { seq_num, index, count: digests.len() as u64 });
-        self.waiting.insert(seq_num, (index, digests));
+        self.waiting.insert(seq_num, digests);
         // Link what is contiguous (several connections may acknowledge out of order).
-        while let Some(next) = self.chain_next_seq {
-            let Some((_, digests)) = self.waiting.remove(&next) else { break };
-            self.link(next, &digests);
+        while let Some(digests) = self.waiting.remove(&self.chain_next_seq) {
+            self.link(self.chain_next_seq, &digests);
         }
     }
 
@@ -52,21 +49,13 @@ impl Ledger {
         for (i, d) in digests.iter().enumerate() {
             self.chain = payload::chain(self.chain, seq_num + i as u64, *d);
         }
-        self.chain_next_seq = Some(seq_num + digests.len() as u64);
-    }
-
-    pub fn failed(&mut self, count: u64) {
-        self.unknown += count;
-    }
-
-    pub fn acked_records(&self) -> u64 {
-        self.acked.iter().map(|a| a.count).sum()
+        self.chain_next_seq = seq_num + digests.len() as u64;
     }
 
     /// The chain over every acknowledged record in seq_num order (across any gap a failed
     /// append left), and the acknowledged batches sorted by seq_num.
     pub fn finish(mut self) -> (u64, Vec<Acked>) {
-        for (seq_num, (_, digests)) in std::mem::take(&mut self.waiting) {
+        for (seq_num, digests) in std::mem::take(&mut self.waiting) {
             self.link(seq_num, &digests);
         }
         self.acked.sort_by_key(|a| a.seq_num);
