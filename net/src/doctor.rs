@@ -86,6 +86,9 @@ struct Options {
     sync_writes: usize,
     /// The `--s3-*` flags, as `nova serve` reads them.
     s3_flags: Vec<(String, String)>,
+    /// The node `nova serve` would start here: the engine knobs from their environment
+    /// variables, else their defaults (shards, memory budget, journal sizes).
+    node: engine::node::NodeConfig,
 }
 
 /// `nova doctor --help`.
@@ -186,14 +189,16 @@ fn parse(args: &[String]) -> Result<Options, String> {
         }
     }
     let data_dir = PathBuf::from(tuning::DATA_DIR.resolve(data_dir.as_deref()));
-    Ok(Options { data_dir, json, sync_writes, s3_flags })
+    let mut node = engine::node::NodeConfig::new(&data_dir);
+    node.apply_knobs(&mut |knob| knob.resolve(None).map_err(|e| e.message))?;
+    Ok(Options { data_dir, json, sync_writes, s3_flags, node })
 }
 
 /// Every check, in the order they are printed.
 fn run(options: &Options, store: Option<&ObjectStoreConfig>) -> Vec<Finding> {
-    let shards = engine::node::default_shards();
-    let mut findings = vec![cores(shards), memory(shards), kernel(), io_uring(), memlock()];
-    findings.extend(data_dir_checks(options, shards));
+    let node = &options.node;
+    let mut findings = vec![cores(node.shards), memory(node), kernel(), io_uring(), memlock()];
+    findings.extend(data_dir_checks(options));
     findings.push(object_store(store, &options.data_dir));
     findings
 }
@@ -260,14 +265,15 @@ fn meminfo(text: &str, key: &str) -> Option<u64> {
     Some(kib * 1024)
 }
 
-fn memory(shards: usize) -> Finding {
+fn memory(node: &engine::node::NodeConfig) -> Finding {
+    let shards = node.shards;
     let text = std::fs::read_to_string("/proc/meminfo").unwrap_or_default();
     let (Some(total), Some(available)) =
         (meminfo(&text, "MemTotal"), meminfo(&text, "MemAvailable"))
     else {
         return finding("memory", Status::Warn, "cannot read /proc/meminfo".into());
     };
-    let budget = tuning::SHARD_MEMORY_BYTES.default;
+    let budget = node.shard.memory_budget_bytes;
     let held = budget.saturating_mul(shards as u64);
     let found = format!(
         "{} total, {} available; {shards} shard{} may hold {} (--shard-memory-bytes {} each)",
@@ -469,7 +475,7 @@ impl Drop for TempFile {
 
 /// The data directory checks: writable, O_DIRECT, poll queues, write cache, fdatasync latency, free
 /// space. The ones after `data_dir` need the directory and say so when it is unusable.
-fn data_dir_checks(options: &Options, shards: usize) -> Vec<Finding> {
+fn data_dir_checks(options: &Options) -> Vec<Finding> {
     let dir = &options.data_dir;
     let created = missing_ancestors(dir);
     let findings = match std::fs::create_dir_all(dir)
@@ -518,7 +524,7 @@ fn data_dir_checks(options: &Options, shards: usize) -> Vec<Finding> {
             findings.push(io_poll(dir));
             findings.push(write_cache(dir));
             findings.push(fdatasync(dir, direct.1, options.sync_writes));
-            findings.push(disk_space(dir, shards));
+            findings.push(disk_space(dir, &options.node));
             findings
         }
     };
@@ -609,10 +615,7 @@ fn block_device(dir: &Path, check: &'static str) -> Result<(String, PathBuf), Fi
     let Ok(meta) = std::fs::metadata(dir) else {
         return Err(finding(check, Status::Warn, "cannot stat the data directory".into()));
     };
-    let dev = meta.dev();
-    // glibc's encoding of dev_t.
-    let major = ((dev >> 8) & 0xfff) | ((dev >> 32) & !0xfff);
-    let minor = (dev & 0xff) | ((dev >> 12) & !0xff);
+    let (major, minor) = (libc::major(meta.dev()), libc::minor(meta.dev()));
     let Ok(mut sys) = std::fs::canonicalize(format!("/sys/dev/block/{major}:{minor}")) else {
         return Err(finding(
             check,
@@ -789,7 +792,8 @@ fn time_syncs(file: &File, writes: usize) -> std::io::Result<Vec<Duration>> {
     Ok(times)
 }
 
-fn disk_space(dir: &Path, shards: usize) -> Finding {
+fn disk_space(dir: &Path, node: &engine::node::NodeConfig) -> Finding {
+    let shards = node.shards;
     let Some(path) = c_path(dir) else {
         return finding("disk_space", Status::Warn, "the path has a NUL byte".into());
     };
@@ -807,8 +811,8 @@ fn disk_space(dir: &Path, shards: usize) -> Finding {
     );
     // Each shard's journal: the segment being written, one being rolled to, and the
     // spares kept for reuse.
-    let segment = tuning::JOURNAL_SEGMENT_BYTES.default;
-    let spares = tuning::JOURNAL_SPARE_SEGMENTS.default;
+    let segment = node.journal.segment_bytes;
+    let spares = u64::from(node.journal.spare_segments);
     let journal = segment.saturating_mul(2 + spares).saturating_mul(shards as u64);
     let found = format!(
         "{} free of {}; the express journals take up to {} ({shards} × {} segments of {})",
