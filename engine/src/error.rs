@@ -365,7 +365,7 @@ impl Error {
             },
             Error::Journal(journal) => match journal {
                 JournalError::Io { .. } | JournalError::Stopped { .. } => Code::Unavailable,
-                JournalError::AppendInFlight
+                JournalError::WriteInFlight
                 | JournalError::EntryTooLarge { .. }
                 | JournalError::NoEntry { .. }
                 | JournalError::Corrupt { .. }
@@ -746,9 +746,9 @@ mod tests {
                 &["journal is stopped", "disk gone"],
             ),
             (
-                Error::Journal(JournalError::AppendInFlight),
+                Error::Journal(JournalError::WriteInFlight),
                 Code::Internal,
-                &["journal append", "in flight"],
+                &["journal write", "in flight"],
             ),
             (
                 Error::Journal(JournalError::EntryTooLarge { bytes: 8192, limit: 4096 }),

@@ -110,6 +110,10 @@ impl NodeConfig {
                     .expect("the knob's range fits memory"),
                 uploads_in_flight_max: usize::try_from(tuning::SHARD_UPLOADS_IN_FLIGHT_MAX.default)
                     .expect("small"),
+                journal_syncs_in_flight_max: usize::try_from(
+                    tuning::JOURNAL_SYNCS_IN_FLIGHT_MAX.default,
+                )
+                .expect("small"),
                 // The node sets it from `uploader` when it starts.
                 upload_job_bytes_max: tuning::BUNDLE_BYTES_TARGET.default,
                 settle: crate::shard::SettleConfig::default(),
@@ -161,6 +165,7 @@ impl NodeConfig {
         self.journal.segment_bytes = value(t::JOURNAL_SEGMENT_BYTES)?;
         self.journal.spare_segments =
             u32::try_from(value(t::JOURNAL_SPARE_SEGMENTS)?).unwrap_or(u32::MAX);
+        self.shard.journal_syncs_in_flight_max = count(value(t::JOURNAL_SYNCS_IN_FLIGHT_MAX)?);
         let uploader = &mut self.uploader;
         uploader.bundle_bytes_target = value(t::BUNDLE_BYTES_TARGET)?;
         uploader.bundle_delay = ms(value(t::BUNDLE_DELAY_MS)?);

@@ -43,7 +43,7 @@ use crate::control::{Clock, ControlPlane, StreamRecord};
 use crate::error::{Error, Result};
 use crate::framing::{self, AppendFrame};
 use crate::ids::StreamId;
-use crate::journal::{Journal, JournalBuffer, JournalRead, Location, RecoveredEntry};
+use crate::journal::{Appended, Journal, JournalBuffer, JournalRead, Location, RecoveredEntry};
 use crate::latency::Latency;
 use crate::limits::{FENCING_TOKEN_BYTES_MAX, Limits};
 use crate::meta::RedbMetaStore;
@@ -138,6 +138,8 @@ pub struct ShardConfig {
     pub express_chunk_bytes: usize,
     /// Upload jobs in flight at once (`shard-uploads-in-flight-max`).
     pub uploads_in_flight_max: usize,
+    /// Journal groups syncing while the next is written (`journal-syncs-in-flight-max`).
+    pub journal_syncs_in_flight_max: usize,
     /// Chunk bytes one upload request gathers from the queue at most: the uploader's
     /// bundle target (a request travels in one bundle), set by the node.
     pub upload_job_bytes_max: u64,
@@ -773,13 +775,25 @@ impl Shard {
         }
     }
 
-    /// The group-commit loop. Runs until the shard stops.
+    /// The group-commit loop. Runs until the shard stops. Each turn writes the group due
+    /// to the journal, then leaves its sync and acknowledgement to a task of its own, so
+    /// the next group is written while earlier ones sync, with at most
+    /// `journal_syncs_in_flight_max` syncing. The journal publishes groups in the order
+    /// they were written, and each task acknowledges its group as soon as it is published,
+    /// so chunks become durable in order.
     pub(crate) async fn flusher(self: Rc<Self>) {
+        let syncs_max = self.config.journal_syncs_in_flight_max as u64;
+        let syncing = Rc::new(glommio::sync::Semaphore::new(syncs_max));
         loop {
+            // A free sync first: meanwhile the next group grows.
+            let Ok(permit) = syncing.acquire_static_permit(1).await else { return };
             let seen = self.work.generation();
             let group = self.take_group();
             if group.is_empty() {
+                drop(permit);
                 if self.stopping.get() {
+                    // Every group written is acknowledged (or failed) before returning.
+                    let _ = syncing.acquire(syncs_max).await;
                     return;
                 }
                 self.work.changed(seen).await;
@@ -810,32 +824,43 @@ impl Shard {
             }
             let (ids, chunks): (Vec<StreamId>, Vec<SealedChunk<JournalBuffer>>) =
                 journaled.into_iter().unzip();
-            let count = chunks.len() as u64;
-            let bytes: u64 = chunks.iter().map(|c| c.bytes().len() as u64).sum();
             let started = Instant::now();
-            match self.journal.append(chunks).await {
-                Ok(durable) => {
-                    self.count(|s| {
-                        s.journal_groups.record(started.elapsed());
-                        s.chunks += count;
-                        s.journal_bytes += bytes;
-                    });
-                    let lsn = durable.first().map_or(0, |(_, location)| location.lsn);
-                    let mut uploads = Vec::with_capacity(durable.len());
-                    for (id, (chunk, location)) in ids.into_iter().zip(durable) {
-                        uploads.push(Rc::clone(&chunk));
-                        self.on_durable(id, chunk, location);
-                    }
-                    self.queue_job(Job::journaled(uploads, lsn));
-                }
+            let written = match self.journal.write(chunks).await {
+                Ok(written) => written,
                 Err(error) => {
                     // Nothing of this group may be acknowledged, and its sequence numbers
                     // are taken.
                     self.fail(format!("journal: {error}"));
                     return;
                 }
-            }
+            };
+            let shard = Rc::clone(&self);
+            glommio::spawn_local(async move {
+                let _permit = permit;
+                match shard.journal.sync(written).await {
+                    Ok(durable) => shard.on_group_durable(ids, durable, started),
+                    // The journal stopped: the next write fails too, and the flusher ends.
+                    Err(error) => shard.fail(format!("journal: {error}")),
+                }
+            })
+            .detach();
         }
+    }
+
+    /// A journal group is durable: its chunks are acknowledged and queued for upload.
+    fn on_group_durable(&self, ids: Vec<StreamId>, durable: Vec<Appended>, started: Instant) {
+        self.count(|s| {
+            s.journal_groups.record(started.elapsed());
+            s.chunks += durable.len() as u64;
+            s.journal_bytes += durable.iter().map(|(c, _)| c.bytes().len() as u64).sum::<u64>();
+        });
+        let lsn = durable.first().map_or(0, |(_, location)| location.lsn);
+        let mut uploads = Vec::with_capacity(durable.len());
+        for (id, (chunk, location)) in ids.into_iter().zip(durable) {
+            uploads.push(Rc::clone(&chunk));
+            self.on_durable(id, chunk, location);
+        }
+        self.queue_job(Job::journaled(uploads, lsn));
     }
 
     /// Every stream's sealed chunks that should go in this group, in stream order and

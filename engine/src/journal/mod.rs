@@ -14,10 +14,16 @@
 //!                            prev_lsn + prev_crc (the chain), L, chunk HeaderCRC, CRC
 //! ```
 //!
-//! Group commit: [`Journal::append`] writes a group's entries concurrently, then issues
-//! one fdatasync per segment file it touched (one, unless the group rolls into the next
-//! segment), and only then returns. Groups are sequential. The last entry of a group
-//! carries the group-end flag, and recovery keeps a group only whole.
+//! Group commit: [`Journal::write`] writes a group's entries concurrently, after the last
+//! group written, and returns once the writes completed; [`Journal::sync`] then issues one
+//! fdatasync per segment file the group touched (one, unless it rolls into the next
+//! segment) and returns the group durable once every group written before it is durable
+//! too. Groups are written one at a time, but the next may be written while earlier ones
+//! sync: the shard's flusher keeps up to `--journal-syncs-in-flight-max` syncing, so a
+//! group commit costs the longer of the write and the sync, not their sum. The last entry
+//! of a group carries the group-end flag, and recovery keeps a group only whole. A group's
+//! writes start only after the previous group's completed, so a crash leaves the log whole
+//! up to some group, then groups with holes, where the chain ends.
 //!
 //! Recovery ([`Journal::open`], `recovery.rs`) follows the chain from the first segment:
 //! each entry names its predecessor's position and envelope CRC, and is written in an
@@ -47,6 +53,7 @@ use glommio::sync::Semaphore;
 use crate::aligned::{ALIGNMENT, round_up};
 use crate::chunk::{ChunkHeader, ENVELOPE_LEN, HEADER_LEN, Records, SealedChunk};
 use crate::error::Result;
+use crate::notify::Notify;
 
 pub use buffer::JournalBuffer;
 pub use envelope::{Envelope, EnvelopeError, Link};
@@ -76,9 +83,9 @@ pub enum JournalError {
     #[error("journal is stopped after an earlier failure: {cause}")]
     Stopped { cause: String },
 
-    /// An append while another is in flight: groups are sequential.
-    #[error("a journal append is already in flight; groups are sequential")]
-    AppendInFlight,
+    /// A write while another is in flight: groups are written one at a time.
+    #[error("a journal write is already in flight; groups are written one at a time")]
+    WriteInFlight,
 
     /// A chunk whose entry does not fit a segment: the shard cuts chunks smaller.
     #[error("journal entry of {bytes} bytes is over the largest entry of {limit} bytes")]
@@ -291,10 +298,16 @@ struct State {
     segments: VecDeque<Segment>,
     /// Where the next entry goes, unless it does not fit the segment.
     head: u64,
+    /// The last entry of the last durable group.
     tail: Option<Tail>,
+    /// The last entry written (durable or not): what the next entry links to.
+    written: Option<Tail>,
+    /// Groups written, and groups durable (a prefix of them), since open.
+    groups_written: u64,
+    groups_durable: u64,
     /// Set by the first failure; every later append refuses with it.
     stopped: Option<String>,
-    appending: bool,
+    writing: bool,
     stats: JournalStats,
 }
 
@@ -331,7 +344,9 @@ pub struct Journal {
     directory: Directory,
     options: JournalConfig,
     epoch: u64,
-    state: RefCell<State>,
+    state: Rc<RefCell<State>>,
+    /// Moves when a group is published durable or the journal stops.
+    published: Rc<Notify>,
     /// Serialises segment creation (an append's roll) with recycling (a release): both
     /// add a segment at the end and must not pick the same name.
     segment_changes: Semaphore,
@@ -417,14 +432,18 @@ impl Journal {
             directory,
             options,
             epoch,
-            state: RefCell::new(State {
+            state: Rc::new(RefCell::new(State {
                 segments: segments.into(),
                 head: scan.head,
                 tail: scan.tail,
+                written: scan.tail,
+                groups_written: 0,
+                groups_durable: 0,
                 stopped: None,
-                appending: false,
+                writing: false,
                 stats,
-            }),
+            })),
+            published: Rc::new(Notify::new()),
             segment_changes: Semaphore::new(1),
             #[cfg(test)]
             fail_next_sync: std::cell::Cell::new(false),
@@ -462,20 +481,29 @@ impl Journal {
         self.state.borrow().segments.iter().map(|s| (s.start, s.len)).collect()
     }
 
-    /// Makes a group of chunks durable: writes their entries concurrently, then one
-    /// fdatasync per segment file touched, and returns each chunk (still serving reads
-    /// from its buffer) with its location, in order. Nothing is acknowledged unless all
-    /// of it is durable: on any error the journal stops, and recovery keeps the group
-    /// only if every entry of it reached the disk.
-    ///
-    /// The caller awaits one append before starting the next; a second concurrent call
-    /// is refused. An empty group returns at once without a sync.
+    /// Makes a group of chunks durable: [`Journal::write`], then [`Journal::sync`]. An
+    /// empty group returns at once without a sync.
     pub async fn append(&self, chunks: Vec<SealedChunk<JournalBuffer>>) -> Result<Vec<Appended>> {
-        let mut guard = AppendGuard::start(self)?;
         if chunks.is_empty() {
-            guard.finish();
-            return Ok(Vec::new());
+            return match &self.state.borrow().stopped {
+                Some(cause) => Err(JournalError::Stopped { cause: cause.clone() }.into()),
+                None => Ok(Vec::new()),
+            };
         }
+        let written = self.write(chunks).await?;
+        self.sync(written).await
+    }
+
+    /// Writes a non-empty group's entries, concurrently, after the last group written, and
+    /// returns once every write completed; nothing of it is durable until
+    /// [`Journal::sync`]. Groups are written one at a time (a second concurrent call is
+    /// refused), but a group may be written while earlier ones sync: that is the
+    /// journal's pipeline (`--journal-syncs-in-flight-max`).
+    ///
+    /// On any error the journal stops. Dropping the returned group unsynced stops it too.
+    pub async fn write(&self, chunks: Vec<SealedChunk<JournalBuffer>>) -> Result<Written> {
+        assert!(!chunks.is_empty(), "a journal group has at least one chunk");
+        let mut guard = WriteGuard::start(self)?;
         let limit = self.entry_bytes_max();
         let mut sizes = Vec::with_capacity(chunks.len());
         for chunk in &chunks {
@@ -489,7 +517,7 @@ impl Journal {
         }
         let slots = self.plan(&sizes).await.map_err(|e| self.stop(e))?;
         let last_index = chunks.len() - 1;
-        let mut prev = self.state.borrow().tail.map(|t| Link { lsn: t.lsn, crc: t.crc });
+        let mut prev = self.state.borrow().written.map(|t| Link { lsn: t.lsn, crc: t.crc });
         let mut written = Vec::with_capacity(chunks.len());
         let mut writes = Vec::with_capacity(chunks.len());
         let mut tail = None;
@@ -537,34 +565,75 @@ impl Journal {
         if let Some(error) = failure {
             return Err(self.stop(error).into());
         }
-        let mut synced: Vec<u64> = Vec::new();
+        let tail = tail.expect("a non-empty group has a last entry");
+        let mut files: Vec<(u64, Rc<DmaFile>)> = Vec::new();
         for slot in &slots {
-            if synced.contains(&slot.segment_start) {
-                continue;
+            if files.last().is_none_or(|(start, _)| *start != slot.segment_start) {
+                files.push((slot.segment_start, Rc::clone(&slot.file)));
             }
-            synced.push(slot.segment_start);
+        }
+        let ticket = {
+            let mut state = self.state.borrow_mut();
+            state.head = tail.end;
+            state.written = Some(tail);
+            state.groups_written += 1;
+            state.groups_written - 1
+        };
+        guard.finish();
+        Ok(Written {
+            ticket,
+            entries: written,
+            files,
+            tail,
+            bytes: sizes.iter().sum(),
+            state: Rc::clone(&self.state),
+            published: Rc::clone(&self.published),
+        })
+    }
+
+    /// Makes a written group durable: one fdatasync per segment file it touched, then,
+    /// once every group written before it is durable too, returns each chunk (still
+    /// serving reads from its buffer) with its location, in order. Several groups may
+    /// sync at once; they return in the order they were written. Nothing is acknowledged
+    /// unless it and everything before it is durable: on any error the journal stops, and
+    /// recovery keeps a group only if every entry of it reached the disk.
+    pub async fn sync(&self, mut group: Written) -> Result<Vec<Appended>> {
+        for (segment_start, file) in &group.files {
             self.state.borrow_mut().stats.fdatasyncs += 1;
-            let path = self.segment_path(slot.segment_start);
+            let path = self.segment_path(*segment_start);
             #[cfg(test)]
             if self.fail_next_sync.take() {
                 let error = io_error("syncing", Path::new(&path), "injected failure");
                 return Err(self.stop(error).into());
             }
-            if let Err(e) = slot.file.fdatasync().await {
+            if let Err(e) = file.fdatasync().await {
                 return Err(self.stop(io_error("syncing", Path::new(&path), e)).into());
             }
         }
-        let tail = tail.expect("a non-empty group has a last entry");
+        // A group is durable only with every group written before it: wait for those.
+        loop {
+            let seen = self.published.generation();
+            {
+                let state = self.state.borrow();
+                if let Some(cause) = &state.stopped {
+                    return Err(JournalError::Stopped { cause: cause.clone() }.into());
+                }
+                if state.groups_durable == group.ticket {
+                    break;
+                }
+            }
+            self.published.changed(seen).await;
+        }
         {
             let mut state = self.state.borrow_mut();
-            state.head = tail.end;
-            state.tail = Some(tail);
+            state.tail = Some(group.tail);
+            state.groups_durable += 1;
             state.stats.groups += 1;
-            state.stats.entries += written.len() as u64;
-            state.stats.bytes += sizes.iter().sum::<u64>();
+            state.stats.entries += group.entries.len() as u64;
+            state.stats.bytes += group.bytes;
         }
-        guard.finish();
-        Ok(written)
+        self.published.notify();
+        Ok(std::mem::take(&mut group.entries))
     }
 
     /// Reads the chunk at `location` back and verifies it (envelope and chunk).
@@ -679,6 +748,8 @@ impl Journal {
     /// Records the first failure and refuses every later append.
     fn stop(&self, error: JournalError) -> JournalError {
         self.state.borrow_mut().stopped.get_or_insert_with(|| error.to_string());
+        // Groups waiting to be published see it and fail.
+        self.published.notify();
         error
     }
 
@@ -770,23 +841,23 @@ impl Journal {
     }
 }
 
-/// Marks the journal appending, and stops it if the append is dropped before it finishes
+/// Marks the journal writing, and stops it if the write is dropped before it finishes
 /// (its writes may have landed in part, with this epoch: only a reopen may write again).
-struct AppendGuard<'a> {
+struct WriteGuard<'a> {
     journal: &'a Journal,
     finished: bool,
 }
 
-impl<'a> AppendGuard<'a> {
+impl<'a> WriteGuard<'a> {
     fn start(journal: &'a Journal) -> Result<Self, JournalError> {
         let mut state = journal.state.borrow_mut();
         if let Some(cause) = &state.stopped {
             return Err(JournalError::Stopped { cause: cause.clone() });
         }
-        if state.appending {
-            return Err(JournalError::AppendInFlight);
+        if state.writing {
+            return Err(JournalError::WriteInFlight);
         }
-        state.appending = true;
+        state.writing = true;
         Ok(Self { journal, finished: false })
     }
 
@@ -795,14 +866,45 @@ impl<'a> AppendGuard<'a> {
     }
 }
 
-impl Drop for AppendGuard<'_> {
+impl Drop for WriteGuard<'_> {
     fn drop(&mut self) {
         let mut state = self.journal.state.borrow_mut();
-        state.appending = false;
+        state.writing = false;
         if !self.finished {
             state
                 .stopped
-                .get_or_insert_with(|| "an append failed or was dropped before it finished".into());
+                .get_or_insert_with(|| "a write failed or was dropped before it finished".into());
+            drop(state);
+            self.journal.published.notify();
+        }
+    }
+}
+
+/// A group written by [`Journal::write`] and not yet durable: pass it to
+/// [`Journal::sync`]. Dropped unsynced, it stops the journal: its entries may be on disk,
+/// linked into the log, and the groups after it would be acknowledged past a group
+/// nobody acknowledged.
+pub struct Written {
+    /// Its place in write order: groups become durable in this order.
+    ticket: u64,
+    entries: Vec<Appended>,
+    /// The segment files it touched, each once, with their start.
+    files: Vec<(u64, Rc<DmaFile>)>,
+    tail: Tail,
+    bytes: u64,
+    state: Rc<RefCell<State>>,
+    published: Rc<Notify>,
+}
+
+impl Drop for Written {
+    fn drop(&mut self) {
+        let synced = self.state.borrow().groups_durable > self.ticket;
+        if !synced {
+            self.state
+                .borrow_mut()
+                .stopped
+                .get_or_insert_with(|| "a written group was dropped before its sync".into());
+            self.published.notify();
         }
     }
 }

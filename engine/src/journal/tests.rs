@@ -540,7 +540,7 @@ fn a_failed_write_is_never_acknowledged_and_stops_the_journal() {
 }
 
 #[test]
-fn appends_are_sequential_and_a_dropped_one_stops_the_journal() {
+fn writes_are_one_at_a_time_and_a_dropped_one_stops_the_journal() {
     run(|dir| async move {
         let (journal, _) = open(&dir).await;
         let journal = Rc::new(journal);
@@ -551,7 +551,7 @@ fn appends_are_sequential_and_a_dropped_one_stops_the_journal() {
         // Let the first append submit its writes and wait on them.
         glommio::executor().yield_task_queue_now().await;
         let second = journal.append(vec![chunk(&journal, 5, 1, 1)]).await;
-        assert!(matches!(second, Err(Error::Journal(JournalError::AppendInFlight))), "{second:?}");
+        assert!(matches!(second, Err(Error::Journal(JournalError::WriteInFlight))), "{second:?}");
         assert_eq!(first.await.expect("the first append"), 1);
 
         let dropped = glommio::spawn_local({
@@ -562,13 +562,77 @@ fn appends_are_sequential_and_a_dropped_one_stops_the_journal() {
         drop(dropped);
         // A dropped task's future is dropped when the executor next runs it.
         for _ in 0..1000 {
-            if !journal.state.borrow().appending {
+            if !journal.state.borrow().writing {
                 break;
             }
             glommio::executor().yield_task_queue_now().await;
         }
         let after = journal.append(vec![chunk(&journal, 5, 1, 1)]).await;
         assert!(matches!(after, Err(Error::Journal(JournalError::Stopped { .. }))), "{after:?}");
+    });
+}
+
+#[test]
+fn groups_written_while_others_sync_become_durable_in_write_order() {
+    run(|dir| async move {
+        let (journal, _) = open(&dir).await;
+        let journal = Rc::new(journal);
+        let first = journal.write(vec![chunk(&journal, 0, 5, 100)]).await.expect("write 1");
+        let second = journal
+            .write(vec![chunk(&journal, 5, 2, 100), chunk(&journal, 7, 3, 100)])
+            .await
+            .expect("write 2 while 1 is not synced");
+        assert_eq!(journal.stats().groups, 0, "nothing is durable before a sync");
+        // The second group's sync runs first and completes its fdatasync, but it is not
+        // durable before the first group is: it waits for it.
+        let later = glommio::spawn_local({
+            let journal = Rc::clone(&journal);
+            async move { journal.sync(second).await.map(|appended| appended.len()) }
+        });
+        for _ in 0..100 {
+            glommio::executor().yield_task_queue_now().await;
+        }
+        assert!(journal.stats().fdatasyncs >= 1, "the second group's sync ran");
+        assert_eq!(journal.stats().groups, 0, "the second group waits for the first");
+        let earlier = journal.sync(first).await.expect("sync 1");
+        assert_eq!((earlier.len(), journal.stats().groups), (1, 1));
+        assert_eq!(later.await.expect("sync 2"), 2);
+        assert_eq!(journal.stats().groups, 2);
+        let head = journal.head();
+        Rc::into_inner(journal).expect("the only handle").close().await.expect("close");
+        let (_, recovery) = open(&dir).await;
+        assert_eq!((recovery.entries.len(), recovery.head), (3, head));
+        assert_eq!(recovery.end, LogEnd::Clean);
+    });
+}
+
+#[test]
+fn a_failed_sync_fails_every_group_written_after_it() {
+    run(|dir| async move {
+        let (journal, _) = open(&dir).await;
+        let first = journal.write(vec![chunk(&journal, 0, 1, 1)]).await.expect("write 1");
+        let second = journal.write(vec![chunk(&journal, 1, 1, 1)]).await.expect("write 2");
+        journal.fail_next_sync.set(true);
+        let failed = journal.sync(first).await;
+        assert!(matches!(failed, Err(Error::Journal(JournalError::Io { op: "syncing", .. }))));
+        // Its own fdatasync succeeds, but the group before it is not durable.
+        let after = journal.sync(second).await;
+        assert!(matches!(after, Err(Error::Journal(JournalError::Stopped { .. }))), "{after:?}");
+        assert_eq!(journal.stats().groups, 0);
+    });
+}
+
+#[test]
+fn a_written_group_dropped_unsynced_stops_the_journal() {
+    run(|dir| async move {
+        let (journal, _) = open(&dir).await;
+        let written = journal.write(vec![chunk(&journal, 0, 1, 1)]).await.expect("write");
+        drop(written);
+        let refused = journal.append(vec![chunk(&journal, 1, 1, 1)]).await;
+        assert!(
+            matches!(refused, Err(Error::Journal(JournalError::Stopped { .. }))),
+            "{refused:?}"
+        );
     });
 }
 
