@@ -287,7 +287,12 @@ fn in_process(data_dir: &Path, case: Case, durations: &Durations) -> Outcome {
     use engine::shard::AppendRequest;
     use futures_lite::future::block_on;
 
-    let node = Node::start(NodeConfig::new(data_dir)).expect("in-process node");
+    // The knobs `nova serve` would take from this environment, so both sides compare alike.
+    let mut config = NodeConfig::new(data_dir);
+    config
+        .apply_knobs(&mut |knob| knob.resolve(None).map_err(|e| e.message))
+        .expect("the NOVA_* knobs in the environment are valid");
+    let node = Node::start(config).expect("in-process node");
     let client = node.client();
     let bucket = BucketName::parse("bench").expect("bucket");
     let request = BucketConfigRequest {
@@ -360,6 +365,18 @@ fn loopback_reference(pass: Duration, passes: u32) -> f64 {
         best = best.max(received as f64 / started.elapsed().as_secs_f64());
     }
     best
+}
+
+/// The knobs set in this environment (`NOVA_*`), which the server and the in-process node
+/// both take; "defaults" when there are none.
+fn knobs_from_environment() -> String {
+    let set: Vec<String> = tuning::KNOBS
+        .iter()
+        .filter_map(|knob| {
+            std::env::var(knob.env).ok().map(|value| format!("{}={value}", knob.env))
+        })
+        .collect();
+    if set.is_empty() { "defaults".to_owned() } else { set.join(", ") }
 }
 
 /// `nova` next to this binary (`target/ci/nova` when this is `target/ci/bench`).
@@ -457,12 +474,13 @@ pub fn run(quick: bool) -> Result<(), String> {
 
     println!("\n### Appends over loopback HTTP to `nova serve` (express, 1 KiB records)\n");
     println!(
-        "Server: {} (default knobs: one shard on this 2-core machine), its data under \
+        "Server: {} (knobs: {}), its data under \
          target/bench-http. Client: {CONNECTIONS} keep-alive connections, each a closed loop \
          on its own thread; {:.1} s measured per case after {:.1} s of warm-up. Reference in \
          the same run: one loopback TCP connection, 128 KiB writes, best of {} passes of \
          {:.1} s before and after the cases: {:.0} MB/s (before {:.0}, after {:.0}).\n",
         binary.display(),
+        knobs_from_environment(),
         durations.measure.as_secs_f64(),
         durations.warmup.as_secs_f64(),
         durations.reference_passes,
