@@ -45,6 +45,8 @@
 use std::fmt;
 use std::ops::Range;
 
+use s3::Bytes;
+
 use crate::chunk::{self, ChunkHeader, ENVELOPE_LEN};
 use crate::fixed::{self, Fixed, FixedFault};
 use crate::ids::StreamId;
@@ -821,19 +823,20 @@ impl SettledLayout {
         false
     }
 
-    /// The whole object in one buffer, from the pushed slots in push order.
+    /// The whole object in one 4 KiB-aligned buffer (as `BundleLayout::assemble`), from
+    /// the pushed slots in push order.
     ///
     /// # Panics
     /// If a slot is not the length it was pushed with.
-    pub fn assemble(&self, slots: &[&[u8]]) -> Vec<u8> {
+    pub fn assemble(&self, slots: &[&[u8]]) -> Bytes {
         assert_eq!(slots.len(), self.entries.len(), "one slice per pushed slot");
-        let mut out = Vec::with_capacity(usize::try_from(self.len()).unwrap_or(0));
+        let mut parts = Vec::with_capacity(slots.len() + 1);
         for (slot, entry) in slots.iter().zip(&self.entries) {
             assert_eq!(slot.len() as u64, u64::from(entry.len), "slot at {}", entry.offset);
-            out.extend_from_slice(slot);
+            parts.push(*slot);
         }
-        out.extend_from_slice(&self.tail);
-        out
+        parts.push(&self.tail);
+        crate::aligned::bytes_of(&parts)
     }
 }
 
@@ -867,7 +870,8 @@ mod tests {
         assert_eq!(layout.len(), len);
         let refs: Vec<&[u8]> = slots.iter().map(Vec::as_slice).collect();
         let bytes = layout.assemble(&refs);
-        (layout, bytes)
+        assert_eq!(bytes.as_ptr() as usize % crate::aligned::ALIGNMENT, 0, "O_DIRECT-ready");
+        (layout, bytes.to_vec())
     }
 
     fn sample_object() -> Vec<u8> {

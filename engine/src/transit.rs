@@ -57,6 +57,8 @@ use std::collections::BTreeMap;
 use std::fmt;
 use std::ops::Range;
 
+use s3::Bytes;
+
 use crate::chunk::{
     self, Chunk, ChunkHeader, ChunkStorage, DIR_ENTRY_LEN, ENVELOPE_LEN, SealedChunk,
 };
@@ -1171,20 +1173,22 @@ impl BundleLayout {
         false
     }
 
-    /// The whole bundle in one buffer, from the pushed slots (`slots[push]`).
+    /// The whole bundle in one 4 KiB-aligned buffer (`AlignedBuf::gathered`, so the
+    /// local store writes it with O_DIRECT as it is), from the pushed slots
+    /// (`slots[push]`).
     ///
     /// # Panics
     /// If a slot is not the length it was pushed with (a different slice than pushed).
-    pub fn assemble(&self, slots: &[&[u8]]) -> Vec<u8> {
+    pub fn assemble(&self, slots: &[&[u8]]) -> Bytes {
         assert_eq!(slots.len(), self.order.len(), "one slice per pushed slot");
-        let mut out = Vec::with_capacity(usize::try_from(self.len()).unwrap_or(0));
+        let mut parts = Vec::with_capacity(slots.len() + 1);
         for &push in &self.order {
             let slot = slots[push as usize];
             assert_eq!(slot.len() as u64, u64::from(self.entry_of(push).len), "slot {push}");
-            out.extend_from_slice(slot);
+            parts.push(slot);
         }
-        out.extend_from_slice(&self.tail);
-        out
+        parts.push(&self.tail);
+        crate::aligned::bytes_of(&parts)
     }
 }
 
@@ -1260,7 +1264,8 @@ pub(crate) mod tests {
         let layout = builder.finish().expect("not empty");
         let refs: Vec<&[u8]> = slots.iter().map(Vec::as_slice).collect();
         let bytes = layout.assemble(&refs);
-        (layout, bytes)
+        assert_eq!(bytes.as_ptr() as usize % crate::aligned::ALIGNMENT, 0, "O_DIRECT-ready");
+        (layout, bytes.to_vec())
     }
 
     fn sample_bundle() -> Vec<u8> {

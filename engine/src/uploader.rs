@@ -626,7 +626,7 @@ impl Engine {
         let slots: Vec<&[u8]> =
             taken.iter().flat_map(|r| &r.chunks).map(|c| transit::slot_bytes(&c.chunk)).collect();
         // The one copy: the store takes one contiguous body.
-        let body = Bytes::from(layout.assemble(&slots));
+        let body = layout.assemble(&slots);
         drop(slots);
         let mut chunks = 0u64;
         let requests = taken

@@ -141,7 +141,7 @@ impl Shard {
         let layout = builder.finish().expect("a run has at least one chunk");
         let key = layout.key(bucket).to_string();
         let slices: Vec<&[u8]> = slots.iter().map(|b| &b[..]).collect();
-        let body = s3::Bytes::from(layout.assemble(&slices));
+        let body = layout.assemble(&slices);
         drop(slices);
         drop(slots);
         self.uploader.put_object(key.clone(), body).await?;
