@@ -178,6 +178,7 @@ impl NodeConfig {
         self.auditor.read_grace = ms(value(t::AUDITOR_READ_GRACE_MS)?);
         self.auditor.interval = ms(value(t::AUDITOR_INTERVAL_MS)?);
         self.local_store.io_concurrency = count(value(t::LOCAL_STORE_IO_CONCURRENCY)?);
+        self.local_store.write_bytes = count(value(t::LOCAL_STORE_WRITE_BYTES)?);
         self.buffer_pool_bytes = count(value(t::BUFFER_POOL_BYTES)?);
         Ok(())
     }

@@ -61,12 +61,16 @@ const DURABLE_DIRS_MAX: usize = 65_536;
 pub struct LocalDirOptions {
     /// Calls doing file work at once (`--local-store-io-concurrency`).
     pub io_concurrency: usize,
+    /// The largest single write of an object (`--local-store-write-bytes`).
+    pub write_bytes: usize,
 }
 
 impl Default for LocalDirOptions {
     fn default() -> Self {
         Self {
             io_concurrency: usize::try_from(tuning::LOCAL_STORE_IO_CONCURRENCY.default)
+                .unwrap_or(usize::MAX),
+            write_bytes: usize::try_from(tuning::LOCAL_STORE_WRITE_BYTES.default)
                 .unwrap_or(usize::MAX),
         }
     }
@@ -90,6 +94,8 @@ struct Inner {
     /// they were made, or they were found so). Bounded by [`DURABLE_DIRS_MAX`].
     durable_dirs: Mutex<HashSet<PathBuf>>,
     next_temp: AtomicU64,
+    /// The largest single write of an object (`--local-store-write-bytes`).
+    write_bytes: usize,
 }
 
 impl LocalDirStore {
@@ -104,6 +110,12 @@ impl LocalDirStore {
             return Err(fail(Cause::Config(
                 "--local-store-io-concurrency: at least one call at a time".into(),
             )));
+        }
+        if options.write_bytes < DIRECT_ALIGN {
+            return Err(fail(Cause::Config(format!(
+                "--local-store-write-bytes {}: at least {DIRECT_ALIGN} (one block)",
+                options.write_bytes
+            ))));
         }
         fs::create_dir_all(&root).map_err(|err| fail(Cause::Io(err)))?;
         if let Some(parent) = root.parent().filter(|p| !p.as_os_str().is_empty()) {
@@ -142,6 +154,7 @@ impl LocalDirStore {
             _lock: lock,
             durable_dirs: Mutex::new(HashSet::new()),
             next_temp: AtomicU64::new(0),
+            write_bytes: options.write_bytes,
         };
         Ok(Self {
             inner: Arc::new(inner),
@@ -268,7 +281,7 @@ impl Inner {
             self.next_temp.fetch_add(1, Ordering::Relaxed)
         ));
         let mut temp = TempFile { path: &temp_path, armed: true };
-        let file = write_new(&temp_path, bytes).map_err(Cause::Io)?;
+        let file = write_new(&temp_path, bytes, self.write_bytes).map_err(Cause::Io)?;
         file.sync_all().map_err(Cause::Io)?;
         drop(file);
         let target = dir.join(name);
@@ -560,10 +573,11 @@ impl Drop for Staging {
 /// write spends more CPU copying into the page cache (and allocating it) than a copy to
 /// aligned memory costs, CPU the shards need. Bytes that start 4 KiB-aligned (the
 /// engine assembles bundles and settled objects so) are written from where they are,
-/// all but the last partial block; anything else is staged in aligned memory first.
-/// Where the file system refuses O_DIRECT (tmpfs), it writes through the page cache.
-fn write_new(path: &Path, bytes: &[u8]) -> io::Result<File> {
+/// all but the last partial block, in pieces of at most `write_bytes` (whole blocks);
+/// anything else is staged in aligned memory first. Where the file system refuses O_DIRECT (tmpfs), it writes through the page cache.
+fn write_new(path: &Path, bytes: &[u8], write_bytes: usize) -> io::Result<File> {
     use std::os::unix::fs::OpenOptionsExt as _;
+    let piece_bytes = write_bytes / DIRECT_ALIGN * DIRECT_ALIGN;
     if bytes.len() >= DIRECT_MIN_BYTES {
         let direct = fs::OpenOptions::new()
             .write(true)
@@ -578,7 +592,11 @@ fn write_new(path: &Path, bytes: &[u8]) -> io::Result<File> {
                 } else {
                     0
                 };
-                file.write_all(&bytes[..direct])?;
+                // One piece at a time: the disk's queue never holds much of this object
+                // ahead of the journal's writes.
+                for piece in bytes[..direct].chunks(piece_bytes) {
+                    file.write_all(piece)?;
+                }
                 let rest = &bytes[direct..];
                 if !rest.is_empty() {
                     let padded = rest.len().div_ceil(DIRECT_ALIGN) * DIRECT_ALIGN;

@@ -90,7 +90,11 @@ fn many_concurrent_puts_wait_for_their_turn() {
     let dir = tempfile::tempdir().expect("a temporary directory");
     common::block_on(async {
         let store: Arc<dyn ObjectStore> = Arc::new(
-            LocalDirStore::open(dir.path(), LocalDirOptions { io_concurrency: 1 }).expect("open"),
+            LocalDirStore::open(
+                dir.path(),
+                LocalDirOptions { io_concurrency: 1, ..LocalDirOptions::default() },
+            )
+            .expect("open"),
         );
         let mut puts = tokio::task::JoinSet::new();
         for i in 0..64u64 {
@@ -270,14 +274,20 @@ fn kill9_leaves_every_object_whole() {
 /// Large objects are written with O_DIRECT, padded and cut back to their length; on
 /// tmpfs too (which refuses O_DIRECT before Linux 6.6, where the buffered fallback runs).
 /// Bodies that start 4 KiB-aligned are written from where they are (all but their last
-/// partial block), others staged. Byte for byte the same every way.
+/// partial block, in pieces of `--local-store-write-bytes`), others staged. Byte for
+/// byte the same every way.
 #[test]
 fn large_objects_round_trip_with_and_without_o_direct() {
     let on_disk = tempfile::tempdir().expect("a temporary directory");
     let on_tmpfs = tempfile::tempdir_in("/dev/shm").expect("a directory on tmpfs (/dev/shm)");
-    for dir in [on_disk.path(), on_tmpfs.path()] {
-        let store = LocalDirStore::open(dir.join("objects"), LocalDirOptions::default())
-            .expect("open the store");
+    // The default piece, and pieces of 12,000 bytes: two whole blocks each.
+    let small_pieces = LocalDirOptions { write_bytes: 12_000, ..LocalDirOptions::default() };
+    for (dir, options) in [
+        (on_disk.path().join("default"), LocalDirOptions::default()),
+        (on_disk.path().join("small-pieces"), small_pieces),
+        (on_tmpfs.path().to_path_buf(), LocalDirOptions::default()),
+    ] {
+        let store = LocalDirStore::open(dir.join("objects"), options).expect("open the store");
         common::block_on(async {
             // Below, at and above the O_DIRECT threshold, none a multiple of 4 KiB but one.
             for (i, len) in
@@ -297,6 +307,16 @@ fn large_objects_round_trip_with_and_without_o_direct() {
             }
         });
     }
+}
+
+#[test]
+fn a_write_piece_smaller_than_a_block_is_refused() {
+    let dir = tempfile::tempdir().expect("a temporary directory");
+    let options = LocalDirOptions { write_bytes: 4095, ..LocalDirOptions::default() };
+    let refused = LocalDirStore::open(dir.path(), options).expect_err("refused");
+    let message = refused.to_string();
+    assert!(message.contains("--local-store-write-bytes 4095"), "{message}");
+    assert!(message.contains("at least 4096"), "{message}");
 }
 
 /// `body` in shared bytes that start 4 KiB-aligned, as the engine assembles objects.

@@ -279,6 +279,18 @@ pub const LOCAL_STORE_IO_CONCURRENCY: Knob = Knob {
     reason: "enough to overlap the fsyncs of concurrent puts on one disk, few enough to bound the blocking threads the store occupies",
 };
 
+/// The largest single write the local-directory object store makes of an object.
+pub const LOCAL_STORE_WRITE_BYTES: Knob = Knob {
+    flag: "local-store-write-bytes",
+    env: "NOVA_LOCAL_STORE_WRITE_BYTES",
+    unit: Unit::Bytes,
+    default: 1 << 20,
+    min: 4 << 10,
+    max: 1 << 30,
+    help: "the local-directory object store writes a larger object in pieces of this size, one after the other, so the disk's queue holds at most one piece of it ahead of the express journal's writes (rounded down to 4 KiB)",
+    reason: "an 8 MiB bundle or a 32 MiB settled object written at once queued tens of block requests before every journal write on the same disk; in 1 MiB pieces, interleaved loadgen runs here cut express p99 ack latency from 28-31 to 17-19 ms and raised throughput 5-13%",
+};
+
 /// The size at which the uploader closes a transit bundle and sends it.
 pub const BUNDLE_BYTES_TARGET: Knob = Knob {
     flag: "bundle-bytes-target",
@@ -535,6 +547,7 @@ pub const KNOBS: &[Knob] = &[
     UPLOAD_BACKOFF_MAX_MS,
     UPLOADER_DRAIN_MS,
     LOCAL_STORE_IO_CONCURRENCY,
+    LOCAL_STORE_WRITE_BYTES,
     S3_ATTEMPT_TIMEOUT_MS,
     S3_TRANSFER_BYTES_PER_SECOND_MIN,
     S3_ATTEMPTS_MAX,
