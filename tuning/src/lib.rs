@@ -128,11 +128,11 @@ pub const BUFFER_POOL_BYTES: Knob = Knob {
     flag: "buffer-pool-bytes",
     env: "NOVA_BUFFER_POOL_BYTES",
     unit: Unit::Bytes,
-    default: 128 << 20,
+    default: 64 << 20,
     min: 0,
     max: 1 << 40,
-    help: "bytes of freed aligned buffers (upload copies, standard chunks, bundle and settled object bodies) the process keeps to hand out again instead of allocating; 0 frees every buffer at once",
-    reason: "a fresh buffer's first write faults once per 4 KiB page, a fifth of the shard's time under express appends (perf); 128 MiB keeps a settled object's body (32 MiB target, a 36 MiB class) and bundles besides the chunk buffers in flight: at 64 MiB the settled bodies fell out and page faults took 10% of the shard again",
+    help: "bytes of freed chunk buffers (upload copies, standard chunks) the process keeps to hand out again instead of allocating; 0 frees every buffer at once",
+    reason: "a fresh buffer's first write faults once per 4 KiB page, a fifth of the shard's time under express appends (perf); 64 MiB covers the buffers in flight at disk speed and is small next to the shard memory budget",
 };
 
 /// The buffer an express stream's open chunk starts with.
