@@ -292,9 +292,10 @@ fn distribution(text: &str) -> Result<RecordBytes, String> {
     }
 }
 
-/// `250ms`, `10s`, `2m`, or a number of seconds.
+/// `250ms`, `10s`, `1.5s` or `2m`. A bare number is refused, as by `nova`: the two once
+/// read it as seconds and as milliseconds.
 pub fn duration(flag: &str, text: &str) -> Result<Duration, String> {
-    let bad = || format!("{flag} {text:?}: write a duration like 500ms, 10s or 2m");
+    let bad = || format!("{flag} {text:?}: write a duration with its unit, like 500ms, 10s or 2m");
     let (number, scale_ms) = if let Some(n) = text.strip_suffix("ms") {
         (n, 1.0)
     } else if let Some(n) = text.strip_suffix('s') {
@@ -302,7 +303,7 @@ pub fn duration(flag: &str, text: &str) -> Result<Duration, String> {
     } else if let Some(n) = text.strip_suffix('m') {
         (n, 60_000.0)
     } else {
-        (text, 1000.0)
+        return Err(bad());
     };
     let n: f64 = number.parse().map_err(|_| bad())?;
     if !(n.is_finite() && n >= 0.0) {
@@ -359,7 +360,7 @@ mod tests {
     #[test]
     fn durations() {
         assert_eq!(duration("d", "2m").unwrap(), Duration::from_secs(120));
-        assert_eq!(duration("d", "3").unwrap(), Duration::from_secs(3));
+        assert!(duration("d", "3").unwrap_err().contains("with its unit"), "a bare number");
         assert_eq!(duration("d", "0.5s").unwrap(), Duration::from_millis(500));
         assert!(duration("d", "fast").is_err());
     }

@@ -229,21 +229,25 @@ fn stream_path(bucket: &str, key: &str) -> String {
     format!("/v1/streams/{}/{}", encode_segment(bucket), encode_segment(key))
 }
 
-/// `168h`, `10m`, `30s`, `250ms` or plain milliseconds.
-pub fn duration_ms(text: &str) -> Result<u64, String> {
+/// `--{flag}`'s duration, `7d`, `168h`, `10m`, `30s` or `250ms`, in milliseconds. A bare
+/// number is refused: `loadgen` read one as seconds where `nova` read milliseconds, so
+/// now neither guesses.
+pub fn duration_ms(flag: &str, text: &str) -> Result<u64, String> {
     let split = text.find(|c: char| !c.is_ascii_digit()).unwrap_or(text.len());
     let (digits, unit) = text.split_at(split);
-    let number: u64 =
-        digits.parse().map_err(|_| format!("{text:?} is not a duration like 168h, 10m, 30s"))?;
+    let number: u64 = digits
+        .parse()
+        .map_err(|_| format!("--{flag} {text:?} is not a duration like 168h, 10m or 30s"))?;
     let scale = match unit {
-        "" | "ms" => 1,
+        "" => return Err(format!("--{flag} {text:?} needs a unit: ms, s, m, h or d")),
+        "ms" => 1,
         "s" => 1_000,
         "m" => 60_000,
         "h" => 3_600_000,
         "d" => 86_400_000,
-        _ => return Err(format!("{text:?} has an unknown unit (use ms, s, m, h or d)")),
+        _ => return Err(format!("--{flag} {text:?} has an unknown unit (use ms, s, m, h or d)")),
     };
-    number.checked_mul(scale).ok_or_else(|| format!("{text:?} is too long"))
+    number.checked_mul(scale).ok_or_else(|| format!("--{flag} {text:?} is too long"))
 }
 
 struct Session {
@@ -601,7 +605,8 @@ fn options_body(args: &Args) -> Result<Value, Failure> {
         }
     }
     if let Some(age) = args.value("retention-max-age") {
-        body["retention_max_age_ms"] = json!(duration_ms(age).map_err(usage_error)?);
+        body["retention_max_age_ms"] =
+            json!(duration_ms("retention-max-age", age).map_err(usage_error)?);
     }
     Ok(body)
 }
@@ -926,7 +931,27 @@ fn read(session: &Session, address: &Address, args: &Args) -> Outcome {
 
 #[cfg(test)]
 mod tests {
-    use super::time_ms;
+    use super::{duration_ms, time_ms};
+
+    #[test]
+    fn durations_need_a_unit_and_errors_name_the_flag() {
+        let ms = |text| duration_ms("retention-max-age", text);
+        assert_eq!(ms("250ms"), Ok(250));
+        assert_eq!(ms("30s"), Ok(30_000));
+        assert_eq!(ms("10m"), Ok(600_000));
+        assert_eq!(ms("168h"), Ok(604_800_000));
+        assert_eq!(ms("7d"), Ok(604_800_000));
+        for (bad, why) in [
+            ("1000", "needs a unit"),
+            ("1.5h", "unknown unit"),
+            ("h", "is not a duration"),
+            ("10w", "unknown unit"),
+            ("99999999999999999d", "too long"),
+        ] {
+            let error = ms(bad).expect_err(bad);
+            assert!(error.contains("--retention-max-age") && error.contains(why), "{error}");
+        }
+    }
 
     #[test]
     fn from_time_takes_milliseconds_and_rfc_3339() {
