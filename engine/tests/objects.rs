@@ -104,9 +104,30 @@ fn bodies(prefix: &str, count: usize) -> Vec<Vec<u8>> {
 
 fn append_each(client: &Client, bucket: &BucketName, key: &StreamKey, bodies: &[Vec<u8>]) {
     for (i, pair) in bodies.chunks(2).enumerate() {
-        let ack = block_on(client.append(bucket, key, batch(pair, AppendConditions::default())))
+        let ack = append_patiently(client, bucket, key, pair)
             .unwrap_or_else(|e| panic!("append {i}: {e}"));
         assert_eq!(ack.start.seq_num, 2 * i as u64);
+    }
+}
+
+/// Appends `pair`, honouring backpressure as a client must: a refusal that says when to
+/// retry (a full memory budget, while uploads catch up) is retried after that long. Such
+/// a refusal comes before the batch takes numbers, so a retry never duplicates it.
+fn append_patiently(
+    client: &Client,
+    bucket: &BucketName,
+    key: &StreamKey,
+    pair: &[Vec<u8>],
+) -> engine::error::Result<engine::shard::AppendAck> {
+    let deadline = Instant::now() + WAIT_MAX;
+    loop {
+        match block_on(client.append(bucket, key, batch(pair, AppendConditions::default()))) {
+            Err(error) if Instant::now() < deadline => match error.retry_after_ms() {
+                Some(ms) => thread::sleep(Duration::from_millis(ms)),
+                None => return Err(error),
+            },
+            result => return result,
+        }
     }
 }
 
@@ -690,8 +711,7 @@ fn a_follower_catches_up_from_objects_and_rejoins_the_live_tail() {
             (client.clone(), bucket.clone(), key.clone(), written[300..].to_vec());
         thread::spawn(move || {
             for pair in rest.chunks(2) {
-                block_on(client.append(&bucket, &key, batch(pair, AppendConditions::default())))
-                    .expect("append");
+                append_patiently(&client, &bucket, &key, pair).expect("append");
             }
         })
     };
