@@ -571,13 +571,18 @@ impl Drop for Staging {
 
 /// Writes `bytes` to a new file at `path`. Large objects go with O_DIRECT: a buffered
 /// write spends more CPU copying into the page cache (and allocating it) than a copy to
-/// aligned memory costs, CPU the shards need. Bytes that start 4 KiB-aligned (the
-/// engine assembles bundles and settled objects so) are written from where they are,
-/// all but the last partial block, in pieces of at most `write_bytes` (whole blocks);
-/// anything else is staged in aligned memory first. Where the file system refuses O_DIRECT (tmpfs), it writes through the page cache.
+/// aligned memory costs, CPU the shards need. Bytes that start 4 KiB-aligned (the engine
+/// assembles bundles and settled objects so) are written from where they are, all but
+/// the last partial block; anything else is staged in aligned memory first. Either way
+/// the writes go one piece of at most `write_bytes` (whole blocks) at a time, so the
+/// disk's queue never holds much of one object ahead of the journal's writes. Where the
+/// file system refuses O_DIRECT (tmpfs), it writes through the page cache.
 fn write_new(path: &Path, bytes: &[u8], write_bytes: usize) -> io::Result<File> {
     use std::os::unix::fs::OpenOptionsExt as _;
     let piece_bytes = write_bytes / DIRECT_ALIGN * DIRECT_ALIGN;
+    let write_pieces = |file: &mut File, bytes: &[u8]| {
+        bytes.chunks(piece_bytes).try_for_each(|piece| file.write_all(piece))
+    };
     if bytes.len() >= DIRECT_MIN_BYTES {
         let direct = fs::OpenOptions::new()
             .write(true)
@@ -586,17 +591,12 @@ fn write_new(path: &Path, bytes: &[u8], write_bytes: usize) -> io::Result<File> 
             .open(path);
         match direct {
             Ok(mut file) => {
-                // Whole blocks straight from `bytes` when they are aligned, the rest staged.
                 let direct = if (bytes.as_ptr() as usize).is_multiple_of(DIRECT_ALIGN) {
                     bytes.len() / DIRECT_ALIGN * DIRECT_ALIGN
                 } else {
                     0
                 };
-                // One piece at a time: the disk's queue never holds much of this object
-                // ahead of the journal's writes.
-                for piece in bytes[..direct].chunks(piece_bytes) {
-                    file.write_all(piece)?;
-                }
+                write_pieces(&mut file, &bytes[..direct])?;
                 let rest = &bytes[direct..];
                 if !rest.is_empty() {
                     let padded = rest.len().div_ceil(DIRECT_ALIGN) * DIRECT_ALIGN;
@@ -604,7 +604,7 @@ fn write_new(path: &Path, bytes: &[u8], write_bytes: usize) -> io::Result<File> 
                         let buf = staging.get(padded);
                         buf[..rest.len()].copy_from_slice(rest);
                         buf[rest.len()..].fill(0);
-                        file.write_all(buf)
+                        write_pieces(&mut file, buf)
                     })?;
                 }
                 // The padding goes: the object is exactly its bytes.
