@@ -292,24 +292,10 @@ fn distribution(text: &str) -> Result<RecordBytes, String> {
     }
 }
 
-/// `250ms`, `10s`, `1.5s` or `2m`. A bare number is refused, as by `nova`: the two once
-/// read it as seconds and as milliseconds.
+/// A duration with its unit, read as `nova` reads one (`net::cli::duration_ms`): `250ms`,
+/// `10s`, `2m`; a bare number is refused. `flag` is the flag as written, `--duration`.
 pub fn duration(flag: &str, text: &str) -> Result<Duration, String> {
-    let bad = || format!("{flag} {text:?}: write a duration with its unit, like 500ms, 10s or 2m");
-    let (number, scale_ms) = if let Some(n) = text.strip_suffix("ms") {
-        (n, 1.0)
-    } else if let Some(n) = text.strip_suffix('s') {
-        (n, 1000.0)
-    } else if let Some(n) = text.strip_suffix('m') {
-        (n, 60_000.0)
-    } else {
-        return Err(bad());
-    };
-    let n: f64 = number.parse().map_err(|_| bad())?;
-    if !(n.is_finite() && n >= 0.0) {
-        return Err(bad());
-    }
-    Ok(Duration::from_secs_f64(n * scale_ms / 1000.0))
+    net::cli::duration_ms(flag.trim_start_matches("--"), text).map(Duration::from_millis)
 }
 
 #[cfg(test)]
@@ -359,9 +345,10 @@ mod tests {
 
     #[test]
     fn durations() {
-        assert_eq!(duration("d", "2m").unwrap(), Duration::from_secs(120));
-        assert!(duration("d", "3").unwrap_err().contains("with its unit"), "a bare number");
-        assert_eq!(duration("d", "0.5s").unwrap(), Duration::from_millis(500));
-        assert!(duration("d", "fast").is_err());
+        assert_eq!(duration("--duration", "2m").unwrap(), Duration::from_secs(120));
+        assert_eq!(duration("--warmup", "300ms").unwrap(), Duration::from_millis(300));
+        let bare = duration("--duration", "3").unwrap_err();
+        assert!(bare.contains("--duration") && bare.contains("needs a unit"), "{bare}");
+        assert!(duration("--duration", "fast").is_err());
     }
 }
