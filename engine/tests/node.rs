@@ -78,8 +78,20 @@ fn everything_acknowledged_survives_a_restart_and_numbering_continues() {
 
 #[test]
 fn pipelined_batches_take_contiguous_ranges_in_ack_order() {
+    pipelined_batches(tuning::JOURNAL_SYNCS_IN_FLIGHT_MAX.default as usize);
+}
+
+/// The journal's pipeline off (`--journal-syncs-in-flight-max 1`): one group at a time.
+#[test]
+fn with_one_journal_sync_in_flight_batches_stay_contiguous_and_in_order() {
+    pipelined_batches(1);
+}
+
+fn pipelined_batches(journal_syncs_in_flight_max: usize) {
     let dir = tempfile::tempdir().expect("tempdir");
-    let node = start(config(dir.path(), 1));
+    let mut config = config(dir.path(), 1);
+    config.shard.journal_syncs_in_flight_max = journal_syncs_in_flight_max;
+    let node = start(config);
     let client = node.client();
     let bucket = make_bucket(&client, "pipe", express(), true);
     let key = key("k");
