@@ -1,26 +1,26 @@
 //! hyper's I/O traits over glommio's `TcpStream` (notes/platform.md, "hyper 1.x on
 //! glommio").
 //!
-//! Reads go through glommio's preallocated receive buffer and are copied once into
-//! hyper's buffer, so no read buffer is zeroed per read and no `unsafe` is needed.
-//! Writes go straight to the socket.
+//! Reads go straight from the socket into hyper's buffer, whose unfilled part is handed
+//! to `recv(2)` as it is: no receive buffer of our own, no copy out of it, and nothing
+//! zeroed per read. (Reading through glommio's preallocated buffer instead cost a copy of
+//! every received byte, 4% of the shard's core under binary appends.) Writes go straight
+//! to the socket.
 
 use std::io;
+use std::mem::MaybeUninit;
 use std::pin::Pin;
-use std::task::{Context, Poll};
+use std::task::{Context, Poll, ready};
 
-use futures_lite::{AsyncBufRead, AsyncWrite};
-use glommio::net::{Preallocated, TcpStream};
-
-/// Bytes of glommio's receive buffer per connection.
-const RECEIVE_BUFFER_BYTES: usize = 64 << 10;
+use futures_lite::{AsyncRead, AsyncWrite};
+use glommio::net::TcpStream;
 
 /// One accepted connection, as hyper drives it.
-pub struct Io(TcpStream<Preallocated>);
+pub struct Io(TcpStream);
 
 impl Io {
     pub fn new(stream: TcpStream) -> Self {
-        Io(stream.buffered_with(Preallocated::new(RECEIVE_BUFFER_BYTES)))
+        Io(stream)
     }
 }
 
@@ -30,16 +30,12 @@ impl hyper::rt::Read for Io {
         cx: &mut Context<'_>,
         mut buf: hyper::rt::ReadBufCursor<'_>,
     ) -> Poll<io::Result<()>> {
-        let taken = match Pin::new(&mut self.0).poll_fill_buf(cx) {
-            Poll::Ready(Ok(available)) => {
-                let n = available.len().min(buf.remaining());
-                buf.put_slice(&available[..n]);
-                n
-            }
-            Poll::Ready(Err(error)) => return Poll::Ready(Err(error)),
-            Poll::Pending => return Poll::Pending,
-        };
-        Pin::new(&mut self.0).consume(taken);
+        // SAFETY: the unfilled bytes are only written, by `recv(2)`: glommio's unbuffered
+        // `poll_read` hands the slice to the syscall and never reads it.
+        let unfilled = unsafe { &mut *(buf.as_mut() as *mut [MaybeUninit<u8>] as *mut [u8]) };
+        let n = ready!(Pin::new(&mut self.0).poll_read(cx, unfilled))?;
+        // SAFETY: `recv(2)` wrote the first `n` of those bytes.
+        unsafe { buf.advance(n) };
         Poll::Ready(Ok(()))
     }
 }
