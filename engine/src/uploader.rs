@@ -46,6 +46,7 @@ use crate::aligned::AlignedBuf;
 use crate::chunk::SealedChunk;
 use crate::error::{Error, Result};
 use crate::ids::StreamId;
+use crate::settled::SettledLayout;
 use crate::transit::{self, BundleBuilder, BundleId, PushRefused, TransitKey};
 
 /// How the uploader cuts, sends and retries. [`Default`] is every knob's default.
@@ -188,10 +189,21 @@ pub struct Uploader {
     shared: Arc<Shared>,
 }
 
-/// Work beside the bundles: a ranged GET for a shard, or one object's PUT (settling).
+/// Work beside the bundles: a ranged GET for a shard (of a transit slot to verify, when
+/// `slot`), or one settled object's PUT.
 enum Side {
-    Read { key: Arc<str>, range: Range<u64>, reply: flume::Sender<Result<Bytes>> },
-    Put { key: String, body: Bytes, reply: flume::Sender<Result<()>> },
+    Read {
+        key: Arc<str>,
+        range: Range<u64>,
+        slot: bool,
+        reply: flume::Sender<Result<Bytes>>,
+    },
+    PutSettled {
+        key: String,
+        layout: SettledLayout,
+        slots: Vec<Bytes>,
+        reply: flume::Sender<Result<()>>,
+    },
 }
 
 enum Message {
@@ -352,17 +364,37 @@ impl Uploader {
     /// stopping); `Internal` when the object or range is not there, which for a key
     /// taken from a ref means lost or corrupt history.
     pub async fn read(&self, key: Arc<str>, range: Range<u64>) -> Result<Bytes> {
-        let (reply, answer) = flume::bounded(1);
-        self.side.send_async(Side::Read { key, range, reply }).await.map_err(|_| stopped())?;
-        answer.recv_async().await.map_err(|_| stopped())?
+        self.side_request(|reply| Side::Read { key, range, slot: false, reply }).await
     }
 
-    /// Writes one object create-only under `key` (a full key), retried like a bundle
-    /// until it is durable; a retry that finds the key taken succeeds only if the object
-    /// there is byte for byte this one. Shares the reads' queue and concurrency.
-    pub async fn put_object(&self, key: String, body: Bytes) -> Result<()> {
+    /// [`Uploader::read`] of one transit slot, verified ([`transit::Slot::parse`], CRC
+    /// included) on the uploader's core before it is returned: the settler's reads, whose
+    /// pass over every byte would otherwise be on the shard's core. A slot that fails is
+    /// a `Corrupt…` error.
+    pub async fn read_slot(&self, key: Arc<str>, range: Range<u64>) -> Result<Bytes> {
+        self.side_request(|reply| Side::Read { key, range, slot: true, reply }).await
+    }
+
+    /// Writes one settled object create-only under `key` (a full key), retried like a
+    /// bundle until it is durable; a retry that finds the key taken succeeds only if the
+    /// object there is byte for byte this one. The body is assembled from `layout` and
+    /// its `slots` on the uploader's core, as bundles are, so the copy of every settled
+    /// byte is not the shard's. Shares the reads' queue and concurrency.
+    pub async fn put_settled(
+        &self,
+        key: String,
+        layout: SettledLayout,
+        slots: Vec<Bytes>,
+    ) -> Result<()> {
+        self.side_request(|reply| Side::PutSettled { key, layout, slots, reply }).await
+    }
+
+    async fn side_request<T>(
+        &self,
+        side: impl FnOnce(flume::Sender<Result<T>>) -> Side,
+    ) -> Result<T> {
         let (reply, answer) = flume::bounded(1);
-        self.side.send_async(Side::Put { key, body, reply }).await.map_err(|_| stopped())?;
+        self.side.send_async(side(reply)).await.map_err(|_| stopped())?;
         answer.recv_async().await.map_err(|_| stopped())?
     }
 
@@ -532,13 +564,22 @@ impl Engine {
         let shared = Arc::clone(&self.shared);
         self.side_in_flight.spawn(async move {
             match side {
-                Side::Read { key, range, reply } => {
-                    let answer = read_range(&*store, &key, range).await;
+                Side::Read { key, range, slot, reply } => {
+                    let answer = read_range(&*store, &key, range).await.and_then(|bytes| {
+                        if slot {
+                            transit::Slot::parse(&bytes)?;
+                        }
+                        Ok(bytes)
+                    });
                     shared.counters.object_reads.fetch_add(1, Ordering::Relaxed);
                     // The reader may have given up waiting.
                     let _ = reply.send(answer);
                 }
-                Side::Put { key, body, reply } => {
+                Side::PutSettled { key, layout, slots, reply } => {
+                    let slices: Vec<&[u8]> = slots.iter().map(|slot| &slot[..]).collect();
+                    let body = layout.assemble(&slices);
+                    drop(slices);
+                    drop(slots);
                     let outcome =
                         put_durably(&*store, &shared, &key, &body, backoff_initial, backoff_max)
                             .await

@@ -11,6 +11,8 @@ use std::time::{Duration, Instant};
 use engine::aligned::AlignedBuf;
 use engine::chunk::{ChunkBuilder, SealedChunk};
 use engine::ids::StreamId;
+use engine::names::BucketName;
+use engine::settled::SettledBuilder;
 use engine::transit::{Bundle, Slot, TRANSIT_PREFIX};
 use engine::uploader::{UploadChunk, Uploaded, Uploader, UploaderConfig};
 use futures_lite::future::block_on;
@@ -289,6 +291,62 @@ fn a_lone_chunk_goes_out_after_the_delay_and_a_large_request_at_once() {
         // An empty request is answered at once with nothing.
         let got = block_on(uploader.upload(Vec::new())).expect("nothing to do");
         assert!(got.placements.is_empty());
+        uploader.stop();
+    });
+}
+
+#[test]
+fn the_settlers_slot_reads_are_verified_and_its_objects_assembled_by_the_uploader() {
+    within_stall_limit(|| {
+        let dir = tempfile::tempdir().expect("tempdir");
+        let store = local_store(dir.path());
+        let uploader =
+            Uploader::start(Arc::clone(&store), UploaderConfig::default(), "").expect("start");
+        let rt = runtime();
+        let s = stream(2, 0);
+        let sent: Sent = vec![(s, 0, 3, 100), (s, 3, 2, 5000)];
+        let got = block_on(uploader.upload(chunks_of(&sent))).expect("uploaded");
+        let mut slots = Vec::new();
+        for placement in &got.placements {
+            let range = placement.range();
+            let slot = block_on(uploader.read_slot(Arc::clone(&placement.key), range.clone()))
+                .expect("an intact slot reads back");
+            let direct =
+                rt.block_on(store.get(&placement.key, ByteRange::Span(range))).expect("get");
+            assert_eq!(slot, direct);
+            slots.push(slot);
+        }
+
+        // One byte of the second slot's records flipped, in a copy of the bundle: a plain
+        // read returns it as stored, a slot read refuses it.
+        let key = &got.placements[1].key;
+        let mut bundle = rt.block_on(store.get(key, ByteRange::All)).expect("bundle").to_vec();
+        let range = got.placements[1].range();
+        bundle[range.end as usize - 10] ^= 0x01;
+        let corrupt: Arc<str> = "elsewhere/corrupt-copy".into();
+        rt.block_on(store.put(&corrupt, Bytes::from(bundle), PutCondition::Overwrite))
+            .expect("put");
+        let plain = block_on(uploader.read(Arc::clone(&corrupt), range.clone())).expect("read");
+        assert_ne!(plain, slots[1], "the copy differs");
+        let refused = block_on(uploader.read_slot(corrupt, range));
+        assert!(
+            matches!(refused, Err(engine::error::Error::CorruptSlot(_))),
+            "a corrupt slot must not read back as one: {refused:?}"
+        );
+
+        // A settled object: assembled by the uploader exactly as its layout says.
+        let mut builder = SettledBuilder::new(s, 0);
+        for slot in &slots {
+            builder.push(slot).expect("contiguous slots");
+        }
+        let layout = builder.finish().expect("two slots");
+        let settled_key = layout.key(BucketName::parse("apps").expect("bucket")).to_string();
+        let slices: Vec<&[u8]> = slots.iter().map(|slot| &slot[..]).collect();
+        let expected = layout.assemble(&slices);
+        block_on(uploader.put_settled(settled_key.clone(), layout, slots.clone()))
+            .expect("settled object written");
+        let stored = rt.block_on(store.get(&settled_key, ByteRange::All)).expect("settled");
+        assert_eq!(stored, expected);
         uploader.stop();
     });
 }

@@ -9,7 +9,9 @@
 //!
 //! 1. each chunk's slot is fetched with one ranged GET and verified;
 //! 2. the slots, unchanged, are laid out in one settled object, PUT create-only under
-//!    `<bucket>/<stream ID>/<first seq_num>` and retried until durable;
+//!    `<bucket>/<stream ID>/<first seq_num>` and retried until durable. The shard only
+//!    plans: the verification (1) and the object's assembly (2), each a pass over every
+//!    byte, run on the uploader's core;
 //! 3. the chunks' refs are rewritten to point into it (same ref keys; a ref names one
 //!    chunk, so whatever transactions have applied, each chunk has exactly one valid
 //!    location, both of which hold the same bytes);
@@ -33,7 +35,7 @@ use crate::control::RefRow;
 use crate::error::{Error, Result};
 use crate::names::BucketName;
 use crate::settled::SettledBuilder;
-use crate::transit::{self, TransitKey};
+use crate::transit::TransitKey;
 
 use super::{ObjectSlot, Shard, Slot, Stored};
 
@@ -128,9 +130,7 @@ impl Shard {
         let mut slots = Vec::with_capacity(run.len());
         for chunk in &run {
             let range = chunk.slot.offset..chunk.slot.offset + chunk.slot.length;
-            let bytes = self.uploader.read(Arc::clone(&chunk.slot.key), range).await?;
-            transit::Slot::parse(&bytes)?;
-            slots.push(bytes);
+            slots.push(self.uploader.read_slot(Arc::clone(&chunk.slot.key), range).await?);
         }
         let mut builder = SettledBuilder::new(id, run[0].first_seq_num);
         for bytes in &slots {
@@ -140,13 +140,9 @@ impl Shard {
         }
         let layout = builder.finish().expect("a run has at least one chunk");
         let key = layout.key(bucket).to_string();
-        let slices: Vec<&[u8]> = slots.iter().map(|b| &b[..]).collect();
-        let body = layout.assemble(&slices);
-        drop(slices);
-        drop(slots);
-        self.uploader.put_object(key.clone(), body).await?;
-        let refs: Vec<RefRow> = layout
-            .entries()
+        let entries = layout.entries().to_vec();
+        self.uploader.put_settled(key.clone(), layout, slots).await?;
+        let refs: Vec<RefRow> = entries
             .iter()
             .zip(&run)
             .map(|(entry, chunk)| RefRow {
@@ -163,7 +159,7 @@ impl Shard {
         self.control.put_refs(&refs).await?;
         let key: Arc<str> = key.into();
         let mut leader = slot.leader.borrow_mut();
-        for entry in layout.entries() {
+        for entry in &entries {
             let object = ObjectSlot {
                 key: Arc::clone(&key),
                 offset: entry.offset,
