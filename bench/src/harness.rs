@@ -159,3 +159,56 @@ where
     }
     all
 }
+
+/// CPU time (user and system, all threads) a process has used so far: `pid`, or this
+/// process when `None`. From `/proc/<pid>/stat`, in clock ticks (10 ms here); what a
+/// case spends is the difference of two readings around it.
+pub fn cpu_time(pid: Option<u32>) -> Duration {
+    let path = match pid {
+        Some(pid) => format!("/proc/{pid}/stat"),
+        None => "/proc/self/stat".to_owned(),
+    };
+    let stat = std::fs::read_to_string(&path).unwrap_or_else(|e| panic!("read {path}: {e}"));
+    // The command name (field 2) is in parentheses and may hold spaces: count from after
+    // it. utime and stime are fields 14 and 15, the 12th and 13th after the name.
+    let after_name = &stat[stat.rfind(')').expect("a stat line names its command") + 1..];
+    let ticks: u64 = after_name
+        .split_whitespace()
+        .skip(11)
+        .take(2)
+        .map(|field| field.parse::<u64>().expect("utime and stime are counts"))
+        .sum();
+    // SAFETY: sysconf(3) reads a configuration value; no memory is involved.
+    let per_second = unsafe { libc::sysconf(libc::_SC_CLK_TCK) };
+    let per_second = u64::try_from(per_second).expect("a positive clock tick rate");
+    Duration::from_micros(ticks * 1_000_000 / per_second)
+}
+
+/// CPU seconds spent per GB (10^9 bytes) moved.
+pub fn cpu_per_gb(cpu: Duration, bytes: f64) -> f64 {
+    cpu.as_secs_f64() / (bytes / 1e9)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn cpu_time_counts_this_process_spinning_and_not_a_sleeping_child() {
+        let mut child = std::process::Command::new("sleep").arg("5").spawn().expect("sleep");
+        let (mine, childs) = (cpu_time(None), cpu_time(Some(child.id())));
+        let spin_until = Instant::now() + Duration::from_millis(200);
+        let mut spins = 0u64;
+        while Instant::now() < spin_until {
+            spins = black_box(spins + 1);
+        }
+        let spent = cpu_time(None) - mine;
+        let child_spent = cpu_time(Some(child.id())) - childs;
+        child.kill().expect("kill sleep");
+        child.wait().expect("reap sleep");
+        // At least half the spin even on a busy machine; a 10 ms tick at most for the child.
+        assert!(spent >= Duration::from_millis(100), "spinning 200 ms counted {spent:?}");
+        assert!(child_spent <= Duration::from_millis(10), "sleep counted {child_spent:?}");
+        assert_eq!(cpu_per_gb(Duration::from_secs(3), 2e9), 1.5);
+    }
+}

@@ -16,6 +16,11 @@
 //! A second reference, for the binary cases: the same producers appending the same
 //! batches to a node in this process (no HTTP, no sockets), which tells the server's
 //! cost from the engine's.
+//!
+//! Every case also reports the CPU it cost per GB of content, the server's and the
+//! client's apart (`/proc/<pid>/stat` around the measured time), next to what the
+//! loopback reference spends per GB. On a machine whose cores are shared by both sides,
+//! those sums bound the throughput: cores / (server + client core-seconds per GB).
 
 use std::io::{self, BufRead, BufReader, Read, Write};
 use std::net::{TcpListener, TcpStream};
@@ -63,6 +68,46 @@ struct Outcome {
     request_bytes_per_second: f64,
     latency: Percentiles,
     refused: u64,
+    /// CPU seconds per GB of content in the measured time: the server process's, and this
+    /// process's (the client's). In process, the engine and its producers are all
+    /// `server`, and `client` is zero.
+    server_cpu_per_gb: f64,
+    client_cpu_per_gb: f64,
+}
+
+/// CPU readings of the server (a child process, or this one) and of this process, taken
+/// when the measured time starts; `per_gb` turns them into core-seconds per GB.
+struct CpuSpent {
+    server: Option<u32>,
+    started: Option<(Duration, Duration)>,
+}
+
+impl CpuSpent {
+    fn of(server: Option<u32>) -> Self {
+        Self { server, started: None }
+    }
+
+    fn start(&mut self) {
+        self.started = Some(self.now());
+    }
+
+    fn now(&self) -> (Duration, Duration) {
+        let client = harness::cpu_time(None);
+        match self.server {
+            Some(pid) => (harness::cpu_time(Some(pid)), client),
+            None => (client, Duration::ZERO),
+        }
+    }
+
+    /// (server, client) core-seconds per GB since `start`, over `bytes` of content.
+    fn per_gb(&self, bytes: f64) -> (f64, f64) {
+        let (server_then, client_then) = self.started.expect("started when measuring began");
+        let (server, client) = self.now();
+        (
+            harness::cpu_per_gb(server - server_then, bytes),
+            harness::cpu_per_gb(client - client_then, bytes),
+        )
+    }
 }
 
 /// A `nova serve` child on a loopback port; stopped with SIGTERM when dropped.
@@ -228,13 +273,15 @@ fn append_body(format: Format, records: usize) -> (&'static str, Vec<u8>) {
     }
 }
 
-fn run_case(authority: &str, bucket: &str, case: Case, durations: &Durations) -> Outcome {
+fn run_case(server: &Server, bucket: &str, case: Case, durations: &Durations) -> Outcome {
+    let authority = server.authority.as_str();
     let (content_type, body) = append_body(case.format, case.records);
     let body = Arc::new(body);
     let tag = match case.format {
         Format::Json => "json",
         Format::Binary => "bin",
     };
+    let mut cpu = CpuSpent::of(Some(server.child.id()));
     let run = harness::closed_loop(
         CONNECTIONS,
         durations.warmup,
@@ -267,14 +314,18 @@ fn run_case(authority: &str, bucket: &str, case: Case, durations: &Durations) ->
                 }
             }
         },
-        || {},
+        || cpu.start(),
     );
+    let content = (run.acked * (case.records * RECORD_BYTES) as u64) as f64;
+    let (server_cpu_per_gb, client_cpu_per_gb) = cpu.per_gb(content);
     Outcome {
         appends_per_second: run.rate(1),
         content_bytes_per_second: run.rate((case.records * RECORD_BYTES) as u64),
         request_bytes_per_second: run.rate(body.len() as u64),
         latency: Percentiles::of(&run.latency),
         refused: run.refused,
+        server_cpu_per_gb,
+        client_cpu_per_gb,
     }
 }
 
@@ -303,6 +354,7 @@ fn in_process(data_dir: &Path, case: Case, durations: &Durations) -> Outcome {
     block_on(client.control().create_bucket(&bucket, &request, None)).expect("bucket");
     let (_, framed) = append_body(Format::Binary, case.records);
     let framed = s3::Bytes::from(framed);
+    let mut cpu = CpuSpent::of(None);
     let run = harness::closed_loop(
         CONNECTIONS,
         durations.warmup,
@@ -322,8 +374,10 @@ fn in_process(data_dir: &Path, case: Case, durations: &Durations) -> Outcome {
                 true
             }
         },
-        || {},
+        || cpu.start(),
     );
+    let (server_cpu_per_gb, client_cpu_per_gb) =
+        cpu.per_gb((run.acked * (case.records * RECORD_BYTES) as u64) as f64);
     drop(client);
     node.stop();
     Outcome {
@@ -332,13 +386,22 @@ fn in_process(data_dir: &Path, case: Case, durations: &Durations) -> Outcome {
         request_bytes_per_second: run.rate(framed.len() as u64),
         latency: Percentiles::of(&run.latency),
         refused: 0,
+        server_cpu_per_gb,
+        client_cpu_per_gb,
     }
 }
 
-/// Bytes per second one loopback TCP connection carries: the best of `passes`.
-fn loopback_reference(pass: Duration, passes: u32) -> f64 {
-    let mut best = 0f64;
+/// One loopback TCP connection: the bytes per second of the best of `passes`, and the
+/// CPU seconds per GB its sender and receiver spent in that pass.
+struct Loopback {
+    bytes_per_second: f64,
+    cpu_per_gb: f64,
+}
+
+fn loopback_reference(pass: Duration, passes: u32) -> Loopback {
+    let mut best = Loopback { bytes_per_second: 0.0, cpu_per_gb: 0.0 };
     for _ in 0..passes {
+        let cpu_before = harness::cpu_time(None);
         let listener = TcpListener::bind("127.0.0.1:0").expect("bind loopback");
         let addr = listener.local_addr().expect("address");
         let receiver = thread::spawn(move || {
@@ -362,7 +425,14 @@ fn loopback_reference(pass: Duration, passes: u32) -> f64 {
         }
         drop(sender);
         let received = receiver.join().expect("receiver");
-        best = best.max(received as f64 / started.elapsed().as_secs_f64());
+        let bytes_per_second = received as f64 / started.elapsed().as_secs_f64();
+        if bytes_per_second > best.bytes_per_second {
+            let cpu = harness::cpu_time(None) - cpu_before;
+            best = Loopback {
+                bytes_per_second,
+                cpu_per_gb: harness::cpu_per_gb(cpu, received as f64),
+            };
+        }
     }
     best
 }
@@ -458,7 +528,7 @@ pub fn run(quick: bool) -> Result<(), String> {
         }
     }
     let outcomes: Vec<Outcome> =
-        cases.iter().map(|&case| run_case(&server.authority, bucket, case, &durations)).collect();
+        cases.iter().map(|&case| run_case(&server, bucket, case, &durations)).collect();
     drop(server);
     // The engine alone, for the binary cases: same producers, same streams, same disk.
     let engine_alone: Vec<Option<Outcome>> = cases
@@ -470,7 +540,15 @@ pub fn run(quick: bool) -> Result<(), String> {
         })
         .collect();
     let loopback_after = loopback_reference(durations.reference, durations.reference_passes);
+    let loopback_cpu_per_gb = [&loopback_before, &loopback_after]
+        .into_iter()
+        .max_by(|a, b| a.bytes_per_second.total_cmp(&b.bytes_per_second))
+        .expect("two passes")
+        .cpu_per_gb;
+    let (loopback_before, loopback_after) =
+        (loopback_before.bytes_per_second, loopback_after.bytes_per_second);
     let loopback = loopback_before.max(loopback_after);
+    let cores = thread::available_parallelism().map_or(1, |n| n.get());
 
     println!("\n### Appends over loopback HTTP to `nova serve` (express, 1 KiB records)\n");
     println!(
@@ -478,7 +556,12 @@ pub fn run(quick: bool) -> Result<(), String> {
          target/bench-http. Client: {CONNECTIONS} keep-alive connections, each a closed loop \
          on its own thread; {:.1} s measured per case after {:.1} s of warm-up. Reference in \
          the same run: one loopback TCP connection, 128 KiB writes, best of {} passes of \
-         {:.1} s before and after the cases: {:.0} MB/s (before {:.0}, after {:.0}).\n",
+         {:.1} s before and after the cases: {:.0} MB/s (before {:.0}, after {:.0}), its \
+         sender and receiver spending {loopback_cpu_per_gb:.2} core-seconds per GB. CPU \
+         columns: core-seconds per GB of content in the measured time (`/proc/<pid>/stat`), \
+         the server process's and the client's (this process); in process, the node and \
+         its producers together. {cores} cores: at server + client core-seconds per GB, \
+         the most the machine can carry is {cores} / (their sum) GB/s.\n",
         binary.display(),
         knobs_from_environment(),
         durations.measure.as_secs_f64(),
@@ -491,22 +574,27 @@ pub fn run(quick: bool) -> Result<(), String> {
     );
     println!(
         "| format | streams | records per batch | appends/s | MB/s content | MB/s of requests | \
-         ratio to loopback (content) | p50 µs | p99 µs | refused | engine alone MB/s | \
-         engine alone p50 µs | HTTP / engine alone |"
+         ratio to loopback (content) | p50 µs | p99 µs | refused | server CPU s/GB | \
+         client CPU s/GB | CPU bound MB/s | engine alone MB/s | engine alone p50 µs | \
+         engine alone CPU s/GB | HTTP / engine alone |"
     );
-    println!("|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|");
+    println!("|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|");
     for ((case, outcome), alone) in cases.iter().zip(&outcomes).zip(&engine_alone) {
         let alone_text = match alone {
             Some(alone) => format!(
-                "{:.1} | {} | {:.2}",
+                "{:.1} | {} | {:.2} | {:.2}",
                 alone.content_bytes_per_second / 1e6,
                 alone.latency.p50,
+                alone.server_cpu_per_gb + alone.client_cpu_per_gb,
                 outcome.content_bytes_per_second / alone.content_bytes_per_second
             ),
-            None => "– | – | –".to_owned(),
+            None => "– | – | – | –".to_owned(),
         };
+        let cpu_bound =
+            cores as f64 / (outcome.server_cpu_per_gb + outcome.client_cpu_per_gb) * 1e3;
         println!(
-            "| {} | {} | {} | {:.0} | {:.1} | {:.1} | {:.3} | {} | {} | {} | {alone_text} |",
+            "| {} | {} | {} | {:.0} | {:.1} | {:.1} | {:.3} | {} | {} | {} | {:.2} | {:.2} | \
+             {cpu_bound:.0} | {alone_text} |",
             match case.format {
                 Format::Json => "JSON",
                 Format::Binary => "binary",
@@ -520,6 +608,8 @@ pub fn run(quick: bool) -> Result<(), String> {
             outcome.latency.p50,
             outcome.latency.p99,
             outcome.refused,
+            outcome.server_cpu_per_gb,
+            outcome.client_cpu_per_gb,
         );
     }
     let target = cases
