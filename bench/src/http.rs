@@ -316,8 +316,8 @@ fn run_case(server: &Server, bucket: &str, case: Case, durations: &Durations) ->
         },
         || cpu.start(),
     );
-    let content = (run.acked * (case.records * RECORD_BYTES) as u64) as f64;
-    let (server_cpu_per_gb, client_cpu_per_gb) = cpu.per_gb(content);
+    let (server_cpu_per_gb, client_cpu_per_gb) =
+        cpu.per_gb(run.total((case.records * RECORD_BYTES) as u64));
     Outcome {
         appends_per_second: run.rate(1),
         content_bytes_per_second: run.rate((case.records * RECORD_BYTES) as u64),
@@ -377,7 +377,7 @@ fn in_process(data_dir: &Path, case: Case, durations: &Durations) -> Outcome {
         || cpu.start(),
     );
     let (server_cpu_per_gb, client_cpu_per_gb) =
-        cpu.per_gb((run.acked * (case.records * RECORD_BYTES) as u64) as f64);
+        cpu.per_gb(run.total((case.records * RECORD_BYTES) as u64));
     drop(client);
     node.stop();
     Outcome {

@@ -190,12 +190,12 @@ pub struct Uploader {
 }
 
 /// Work beside the bundles: a ranged GET for a shard (of a transit slot to verify, when
-/// `slot`), or one settled object's PUT.
+/// `verify_slot`), or one settled object's PUT.
 enum Side {
     Read {
         key: Arc<str>,
         range: Range<u64>,
-        slot: bool,
+        verify_slot: bool,
         reply: flume::Sender<Result<Bytes>>,
     },
     PutSettled {
@@ -364,7 +364,7 @@ impl Uploader {
     /// stopping); `Internal` when the object or range is not there, which for a key
     /// taken from a ref means lost or corrupt history.
     pub async fn read(&self, key: Arc<str>, range: Range<u64>) -> Result<Bytes> {
-        self.side_request(|reply| Side::Read { key, range, slot: false, reply }).await
+        self.side_request(|reply| Side::Read { key, range, verify_slot: false, reply }).await
     }
 
     /// [`Uploader::read`] of one transit slot, verified ([`transit::Slot::parse`], CRC
@@ -372,7 +372,7 @@ impl Uploader {
     /// pass over every byte would otherwise be on the shard's core. A slot that fails is
     /// a `Corrupt…` error.
     pub async fn read_slot(&self, key: Arc<str>, range: Range<u64>) -> Result<Bytes> {
-        self.side_request(|reply| Side::Read { key, range, slot: true, reply }).await
+        self.side_request(|reply| Side::Read { key, range, verify_slot: true, reply }).await
     }
 
     /// Writes one settled object create-only under `key` (a full key), retried like a
@@ -564,9 +564,9 @@ impl Engine {
         let shared = Arc::clone(&self.shared);
         self.side_in_flight.spawn(async move {
             match side {
-                Side::Read { key, range, slot, reply } => {
+                Side::Read { key, range, verify_slot, reply } => {
                     let answer = read_range(&*store, &key, range).await.and_then(|bytes| {
-                        if slot {
+                        if verify_slot {
                             transit::Slot::parse(&bytes)?;
                         }
                         Ok(bytes)
