@@ -427,9 +427,9 @@ impl<'a> Chunk<'a> {
     }
 }
 
-/// Bytes reserved in front of every chunk in its buffer for the envelope it travels in
-/// (a journal entry header, or a transit-bundle slot envelope), so that adding the
-/// envelope never copies the chunk.
+/// Bytes reserved in front of every chunk in its buffer for the journal entry envelope
+/// an express chunk is written with, so that adding the envelope never copies the chunk
+/// (a transit slot envelope is the same size, but written apart: see `transit.rs`).
 pub const ENVELOPE_LEN: usize = 64;
 
 /// Memory a chunk is built in: 4 KiB-aligned, of fixed capacity, owned. `AlignedBuf` is

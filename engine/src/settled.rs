@@ -684,8 +684,7 @@ impl SettledBuilder {
         self.slots_len + INDEX_ENTRY_LEN as u64 * self.entries.len() as u64 + FOOTER_LEN as u64
     }
 
-    /// Adds the next slot (envelope and chunk, as a bundle holds it or as
-    /// `transit::slot_bytes` gives it): it must be of this stream, start at
+    /// Adds the next slot (envelope and chunk, as a bundle holds it): it must be of this stream, start at
     /// [`SettledBuilder::next_seq_num`], and not start before the last timestamp so far.
     /// The envelope and the chunk's header are checked and must agree; the chunk's body
     /// is not re-read (debug builds verify the whole slot): the settler verified it when
@@ -1193,8 +1192,8 @@ mod tests {
         builder.push_record(b"\x00b", 9).expect("fits");
         builder.push_record(b"\x00c", 11).expect("fits");
         let mut back = builder.seal();
-        crate::transit::envelop(&mut back, 0).expect("envelops");
-        let back = crate::transit::slot_bytes(&back);
+        crate::transit::tests::envelop(&mut back, 0).expect("envelops");
+        let back = crate::transit::tests::slot_bytes(&back);
         assert_eq!(
             SettledObject::parse(&raw_object(A, 0, 3, &[early.as_slice(), back])).map(drop),
             Err(Corruption::ChunkTimestampDecreases {
@@ -1203,7 +1202,7 @@ mod tests {
                 previous: 10
             })
         );
-        let late = crate::transit::slot_bytes(&late);
+        let late = crate::transit::tests::slot_bytes(&late);
         assert_eq!(
             SettledObject::parse(&raw_object(A, 0, 2, &[early.as_slice(), late])).map(drop),
             Ok(())

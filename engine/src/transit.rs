@@ -59,9 +59,7 @@ use std::ops::Range;
 
 use s3::Bytes;
 
-use crate::chunk::{
-    self, Chunk, ChunkHeader, ChunkStorage, DIR_ENTRY_LEN, ENVELOPE_LEN, SealedChunk,
-};
+use crate::chunk::{self, Chunk, ChunkHeader, DIR_ENTRY_LEN, ENVELOPE_LEN};
 use crate::fixed::{self, Fixed, FixedFault};
 use crate::ids::StreamId;
 use crate::le::{u32_at, u64_at};
@@ -541,22 +539,37 @@ fn combined_crc(
     crc.finalize()
 }
 
-/// Writes the slot envelope of a sealed chunk into its buffer's front reserve: after
-/// this, [`slot_bytes`] is the slot, ready to go into a bundle or a settled object.
-pub fn envelop<B: ChunkStorage>(
-    sealed: &mut SealedChunk<B>,
-    leader_epoch: u64,
-) -> Result<SlotEnvelope, SlotCorruption> {
-    let header_bytes: [u8; chunk::HEADER_LEN] =
-        *sealed.bytes().first_chunk().expect("a sealed chunk starts with its header");
-    let header = *sealed.header();
-    SlotEnvelope::write_for(sealed.envelope_mut(), &header_bytes, &header, leader_epoch)
+/// A slot given as its two parts: the envelope and the chunk, which need not lie side by
+/// side. A chunk lent from a shard's journal buffer is read where it is, and its envelope
+/// is written apart (the bytes in front of it are the journal's).
+#[derive(Clone, Copy, Debug)]
+pub struct SlotParts<'a> {
+    pub envelope: &'a [u8; SLOT_ENVELOPE_LEN],
+    pub chunk: &'a [u8],
 }
 
-/// A sealed chunk's slot as it lies in its buffer: the envelope (written by [`envelop`])
-/// and the chunk, one contiguous slice.
-pub fn slot_bytes<B: ChunkStorage>(sealed: &SealedChunk<B>) -> &[u8] {
-    &sealed.padded()[..ENVELOPE_LEN + sealed.bytes().len()]
+impl<'a> SlotParts<'a> {
+    /// The parts of a contiguous slot.
+    #[cfg(test)]
+    pub fn of(slot: &'a [u8]) -> Result<Self, SlotCorruption> {
+        match slot.split_first_chunk::<SLOT_ENVELOPE_LEN>() {
+            Some((envelope, chunk)) => Ok(Self { envelope, chunk }),
+            None => Err(SlotCorruption::TooShort {
+                len: slot.len() as u64,
+                needed: SLOT_ENVELOPE_LEN as u64,
+            }),
+        }
+    }
+
+    /// The slot's length: envelope and chunk.
+    pub fn len(&self) -> usize {
+        SLOT_ENVELOPE_LEN + self.chunk.len()
+    }
+
+    /// Never true: a slot has at least its envelope.
+    pub fn is_empty(&self) -> bool {
+        false
+    }
 }
 
 /// One slot read from bytes: its envelope and its chunk, both verified.
@@ -1001,22 +1014,21 @@ impl BundleBuilder {
         self.slots_len + INDEX_ENTRY_LEN as u64 * self.slots.len() as u64 + FOOTER_LEN as u64
     }
 
-    /// Adds one slot: envelope and chunk, as [`slot_bytes`] gives them. Returns its push
-    /// number (0, 1, ...), which [`BundleLayout::entry_of`] takes.
+    /// Adds one contiguous slot: [`BundleBuilder::push_parts`].
+    #[cfg(test)]
+    pub fn push(&mut self, slot: &[u8]) -> Result<u32, PushRefused> {
+        self.push_parts(SlotParts::of(slot)?)
+    }
+
+    /// Adds one slot. Returns its push number (0, 1, ...), which
+    /// [`BundleLayout::entry_of`] takes.
     ///
     /// The envelope and the chunk's header are checked and must agree; the chunk's body
     /// is this process's own and is not re-read (debug builds verify the whole slot). A
     /// slot overlapping, by sequence number, one of its stream already in, or out of
     /// timestamp order with one, is refused and the bundle left as it was.
-    pub fn push(&mut self, slot: &[u8]) -> Result<u32, PushRefused> {
-        let Some(head) = slot.first_chunk::<ENVELOPE_LEN>() else {
-            return Err(SlotCorruption::TooShort {
-                len: slot.len() as u64,
-                needed: ENVELOPE_LEN as u64,
-            }
-            .into());
-        };
-        let envelope = SlotEnvelope::parse(head)?;
+    pub fn push_parts(&mut self, slot: SlotParts<'_>) -> Result<u32, PushRefused> {
+        let envelope = SlotEnvelope::parse(slot.envelope)?;
         if envelope.slot_len() != slot.len() as u64 {
             return Err(SlotCorruption::LengthMismatch {
                 expected: envelope.slot_len(),
@@ -1024,10 +1036,13 @@ impl BundleBuilder {
             }
             .into());
         }
-        let header = ChunkHeader::parse(&slot[ENVELOPE_LEN..])
-            .map_err(|source| SlotCorruption::Chunk { source })?;
+        let header =
+            ChunkHeader::parse(slot.chunk).map_err(|source| SlotCorruption::Chunk { source })?;
         envelope.check_agrees(&header)?;
-        debug_assert_eq!(Slot::parse(slot).map(|s| s.envelope), Ok(envelope));
+        debug_assert_eq!(
+            Slot::parse(&[&slot.envelope[..], slot.chunk].concat()).map(|s| s.envelope),
+            Ok(envelope)
+        );
         let len = u32::try_from(slot.len()).map_err(|_| SlotCorruption::TooLarge {
             chunk_len: u64::from(envelope.chunk_len),
             max: SLOT_LEN_MAX - SLOT_ENVELOPE_LEN as u64,
@@ -1179,13 +1194,14 @@ impl BundleLayout {
     ///
     /// # Panics
     /// If a slot is not the length it was pushed with (a different slice than pushed).
-    pub fn assemble(&self, slots: &[&[u8]]) -> Bytes {
-        assert_eq!(slots.len(), self.order.len(), "one slice per pushed slot");
-        let mut parts = Vec::with_capacity(slots.len() + 1);
+    pub fn assemble(&self, slots: &[SlotParts<'_>]) -> Bytes {
+        assert_eq!(slots.len(), self.order.len(), "one slot per push");
+        let mut parts = Vec::with_capacity(2 * slots.len() + 1);
         for &push in &self.order {
             let slot = slots[push as usize];
             assert_eq!(slot.len() as u64, u64::from(self.entry_of(push).len), "slot {push}");
-            parts.push(slot);
+            parts.push(&slot.envelope[..]);
+            parts.push(slot.chunk);
         }
         parts.push(&self.tail);
         crate::aligned::bytes_of(&parts)
@@ -1196,7 +1212,7 @@ impl BundleLayout {
 pub(crate) mod tests {
     use super::*;
     use crate::aligned::AlignedBuf;
-    use crate::chunk::ChunkBuilder;
+    use crate::chunk::{ChunkBuilder, ChunkStorage, SealedChunk};
     use proptest::prelude::*;
 
     pub(crate) const A: StreamId = StreamId([0xAB; 16]);
@@ -1206,6 +1222,23 @@ pub(crate) mod tests {
         0xff,
     ]);
     const WRITTEN_AT: u64 = 1_700_000_000_123;
+
+    /// Writes the slot envelope of a sealed chunk into its buffer's front reserve: after
+    /// this, [`slot_bytes`] is the slot.
+    pub(crate) fn envelop<B: ChunkStorage>(
+        sealed: &mut SealedChunk<B>,
+        leader_epoch: u64,
+    ) -> Result<SlotEnvelope, SlotCorruption> {
+        let header_bytes: [u8; chunk::HEADER_LEN] =
+            *sealed.bytes().first_chunk().expect("a sealed chunk starts with its header");
+        let header = *sealed.header();
+        SlotEnvelope::write_for(sealed.envelope_mut(), &header_bytes, &header, leader_epoch)
+    }
+
+    /// A sealed chunk's slot as it lies in its buffer once [`envelop`]ed: one slice.
+    pub(crate) fn slot_bytes<B: ChunkStorage>(sealed: &SealedChunk<B>) -> &[u8] {
+        &sealed.padded()[..ENVELOPE_LEN + sealed.bytes().len()]
+    }
 
     /// A sealed chunk of `stream` from `first`, one headerless record per body, all
     /// stamped `timestamp`, enveloped at `epoch`.
@@ -1262,8 +1295,9 @@ pub(crate) mod tests {
             assert_eq!(builder.push(slot), Ok(i as u32));
         }
         let layout = builder.finish().expect("not empty");
-        let refs: Vec<&[u8]> = slots.iter().map(Vec::as_slice).collect();
-        let bytes = layout.assemble(&refs);
+        let parts: Vec<SlotParts<'_>> =
+            slots.iter().map(|slot| SlotParts::of(slot).expect("whole slots")).collect();
+        let bytes = layout.assemble(&parts);
         assert_eq!(bytes.as_ptr() as usize % crate::aligned::ALIGNMENT, 0, "O_DIRECT-ready");
         (layout, bytes.to_vec())
     }

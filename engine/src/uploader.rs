@@ -5,8 +5,8 @@
 //!
 //! ```text
 //! shard (glommio)                         nova-uploader (tokio, current thread)
-//!  Uploader::upload ── bounded flume ──►  intake: envelope each chunk in its front
-//!                                         reserve, check the request on its own
+//!  Uploader::upload ── bounded flume ──►  intake: write each chunk's slot envelope,
+//!                                         check the request on its own
 //!                                         pending ── cut by size or delay ──► bundle
 //!                                         ≤ uploads-in-flight-max PUTs, each retried
 //!  ◄── one-shot flume reply ───────────── until it succeeds: placements + the chunks
@@ -26,10 +26,10 @@
 //!
 //! What it never does: run on or block a shard (the submit side is two flume channels
 //! awaited with `send_async`/`recv_async`, woken from this thread, so the awaiting
-//! glommio task must be in a `Latency::NotImportant` queue, notes/platform.md); copy a
-//! chunk before the PUT body is assembled (the envelope is written in the chunk
-//! buffer's 64-byte front reserve; assembling the one contiguous body the store takes
-//! is the one copy); talk to aws-sdk directly (only the `s3` crate's `ObjectStore`);
+//! glommio task must be in a `Latency::NotImportant` queue, notes/platform.md); write to a
+//! chunk, or copy one other than into the PUT body (the envelope is written apart, and
+//! the chunk read where it is: an express chunk in its shard's journal buffer, lent for
+//! the upload; assembling the one contiguous body the store takes is the one copy); talk to aws-sdk directly (only the `s3` crate's `ObjectStore`);
 //! write refs or metadata (the shard that gets the placements does).
 
 use std::ops::Range;
@@ -43,11 +43,15 @@ use s3::{ByteRange, Bytes, ErrorKind, ObjectStore, PutCondition};
 use tokio::task::JoinSet;
 
 use crate::aligned::AlignedBuf;
-use crate::chunk::SealedChunk;
+use crate::chunk::{ChunkHeader, SealedChunk};
 use crate::error::{Error, Result};
 use crate::ids::StreamId;
+use crate::journal::LentChunk;
 use crate::settled::SettledLayout;
-use crate::transit::{self, BundleBuilder, BundleId, PushRefused, TransitKey};
+use crate::transit::{
+    self, BundleBuilder, BundleId, PushRefused, SLOT_ENVELOPE_LEN as ENVELOPE_LEN, SlotEnvelope,
+    SlotParts, TransitKey,
+};
 
 /// How the uploader cuts, sends and retries. [`Default`] is every knob's default.
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -93,14 +97,43 @@ impl Default for UploaderConfig {
 /// One chunk to upload and the leader epoch its slot envelope carries.
 #[derive(Debug)]
 pub struct UploadChunk {
-    pub chunk: SealedChunk<AlignedBuf>,
+    pub body: ChunkBody,
     /// The stream's leader epoch when the chunk was built (0 until leases exist).
     pub leader_epoch: u64,
 }
 
 impl From<SealedChunk<AlignedBuf>> for UploadChunk {
     fn from(chunk: SealedChunk<AlignedBuf>) -> Self {
-        Self { chunk, leader_epoch: 0 }
+        Self { body: ChunkBody::Owned(chunk), leader_epoch: 0 }
+    }
+}
+
+/// A chunk's bytes as the uploader gets them. Either way they are copied once, into the
+/// bundle's body, and nowhere else.
+#[derive(Debug)]
+pub enum ChunkBody {
+    /// In a buffer of its own, handed over: standard chunks (and express chunks read
+    /// back from the journal at recovery).
+    Owned(SealedChunk<AlignedBuf>),
+    /// Lent from the shard's journal buffer, where the express chunk was built and
+    /// written: read there, on the uploader's thread.
+    Lent(LentChunk),
+}
+
+impl ChunkBody {
+    /// The chunk, exactly `header().chunk_len()` bytes.
+    pub fn bytes(&self) -> &[u8] {
+        match self {
+            ChunkBody::Owned(chunk) => chunk.bytes(),
+            ChunkBody::Lent(chunk) => chunk.bytes(),
+        }
+    }
+
+    pub fn header(&self) -> &ChunkHeader {
+        match self {
+            ChunkBody::Owned(chunk) => chunk.header(),
+            ChunkBody::Lent(chunk) => chunk.header(),
+        }
     }
 }
 
@@ -132,11 +165,12 @@ impl Placement {
 }
 
 /// A request's answer: where each chunk went, and the chunks themselves (in the order
-/// they were handed in), given back so the shard can cache or recycle their buffers.
+/// they were handed in), given back so the shard can cache or recycle their buffers
+/// (or end its loans).
 #[derive(Debug, Default)]
 pub struct Uploaded {
     pub placements: Vec<Placement>,
-    pub chunks: Vec<SealedChunk<AlignedBuf>>,
+    pub chunks: Vec<ChunkBody>,
 }
 
 /// A snapshot of the uploader's counters.
@@ -332,7 +366,7 @@ impl Uploader {
         Ok(Uploader { tx, side, shared })
     }
 
-    /// Uploads `chunks` (sealed; their front reserve gets the slot envelope) in one
+    /// Uploads `chunks` (sealed; read, never written) in one
     /// transit bundle, shared with other requests', and answers once that bundle is
     /// durable: a placement per chunk and the chunks, in the order given.
     ///
@@ -463,10 +497,30 @@ enum Cut {
     Stop,
 }
 
-/// A request taken in: its chunks enveloped, checked to form a bundle on their own.
+/// A request taken in: its chunks, their slot envelopes, checked to form a bundle on
+/// their own.
 struct Accepted {
     chunks: Vec<UploadChunk>,
+    envelopes: Vec<[u8; ENVELOPE_LEN]>,
     reply: flume::Sender<Result<Uploaded>>,
+}
+
+impl Accepted {
+    /// Answers with `error`, the chunks dropped first: a lent chunk is back with its
+    /// shard before the shard hears the answer (its loan then ends rather than leaks).
+    fn refuse(self, error: Error) {
+        let Accepted { chunks, envelopes: _, reply } = self;
+        drop(chunks);
+        // The submitter may have given up waiting; nothing else to do.
+        let _ = reply.send(Err(error));
+    }
+
+    fn slots(&self) -> impl Iterator<Item = SlotParts<'_>> {
+        self.envelopes
+            .iter()
+            .zip(&self.chunks)
+            .map(|(envelope, chunk)| SlotParts { envelope, chunk: chunk.body.bytes() })
+    }
 }
 
 /// One bundle on its way: its key and body, and the requests it answers.
@@ -548,7 +602,7 @@ impl Engine {
                     while self.in_flight.join_next().await.is_some() {}
                     self.shared.counters.in_flight.store(0, Ordering::Relaxed);
                     for request in self.pending.drain(..) {
-                        let _ = request.reply.send(Err(stopped()));
+                        request.refuse(stopped());
                     }
                     break;
                 }
@@ -605,23 +659,32 @@ impl Engine {
     /// Envelopes a request's chunks and checks they make a bundle on their own, so that
     /// later a push can only fail against another request's slots.
     fn accept(&mut self, request: Request) {
-        let Request { mut chunks, reply } = request;
+        let Request { chunks, reply } = request;
         let mut check = BundleBuilder::new(BundleId::default(), 0);
+        let mut envelopes = Vec::with_capacity(chunks.len());
         let mut bytes = 0u64;
-        for chunk in &mut chunks {
-            let checked = transit::envelop(&mut chunk.chunk, chunk.leader_epoch)
+        let mut refused = None;
+        for chunk in &chunks {
+            let mut envelope = [0; ENVELOPE_LEN];
+            let body = chunk.body.bytes();
+            let checked = SlotEnvelope::write(&mut envelope, body, chunk.leader_epoch)
                 .map_err(PushRefused::Slot)
-                .and_then(|_| check.push(transit::slot_bytes(&chunk.chunk)));
-            if let Err(refused) = checked {
-                // The submitter may have given up waiting; nothing else to do.
-                let _ = reply.send(Err(Error::UploadRefused(refused)));
-                return;
+                .and_then(|_| check.push_parts(SlotParts { envelope: &envelope, chunk: body }));
+            if let Err(why) = checked {
+                refused = Some(why);
+                break;
             }
-            bytes += transit::slot_bytes(&chunk.chunk).len() as u64;
+            bytes += (ENVELOPE_LEN + body.len()) as u64;
+            envelopes.push(envelope);
+        }
+        let request = Accepted { chunks, envelopes, reply };
+        if let Some(refused) = refused {
+            request.refuse(Error::UploadRefused(refused));
+            return;
         }
         self.pending_since.get_or_insert_with(Instant::now);
         self.pending_bytes += bytes;
-        self.pending.push(Accepted { chunks, reply });
+        self.pending.push(request);
     }
 
     /// Lays out every pending request in one bundle (deferring to the next bundle a
@@ -637,8 +700,8 @@ impl Engine {
             let mut collided = None;
             'requests: for (at, request) in taken.iter().enumerate() {
                 let mut numbers = Vec::with_capacity(request.chunks.len());
-                for chunk in &request.chunks {
-                    match builder.push(transit::slot_bytes(&chunk.chunk)) {
+                for slot in request.slots() {
+                    match builder.push_parts(slot) {
                         Ok(push) => numbers.push(push),
                         Err(_) => {
                             collided = Some(at);
@@ -653,19 +716,15 @@ impl Engine {
                 None => break (builder.finish(), pushes),
             }
         };
-        self.pending_bytes = deferred
-            .iter()
-            .flat_map(|r| &r.chunks)
-            .map(|c| transit::slot_bytes(&c.chunk).len() as u64)
-            .sum();
+        self.pending_bytes =
+            deferred.iter().flat_map(Accepted::slots).map(|slot| slot.len() as u64).sum();
         self.pending_since = (!deferred.is_empty()).then(Instant::now);
         self.pending = deferred;
         // `taken` is never empty here (a cut needs pending requests, and a request alone
         // always lays out), but a layout of nothing is simply nothing to send.
         let Some(layout) = layout else { return };
         let key: Arc<str> = format!("{}{}", self.key_prefix, layout.key()).into();
-        let slots: Vec<&[u8]> =
-            taken.iter().flat_map(|r| &r.chunks).map(|c| transit::slot_bytes(&c.chunk)).collect();
+        let slots: Vec<SlotParts<'_>> = taken.iter().flat_map(Accepted::slots).collect();
         // The one copy: the store takes one contiguous body.
         let body = layout.assemble(&slots);
         drop(slots);
@@ -789,16 +848,17 @@ async fn upload(
                 h.put_latency_us.saturating_record(us.max(1));
             }
             for (request, placements) in requests {
-                let chunks = request.chunks.into_iter().map(|c| c.chunk).collect();
+                let chunks = request.chunks.into_iter().map(|c| c.body).collect();
                 // A submitter that gave up waiting no longer needs the answer.
                 let _ = request.reply.send(Ok(Uploaded { placements, chunks }));
             }
         }
         Err(reason) => {
             for (request, _) in requests {
-                let error =
-                    Error::ObjectWriteFailed { key: key.to_string(), reason: reason.clone() };
-                let _ = request.reply.send(Err(error));
+                request.refuse(Error::ObjectWriteFailed {
+                    key: key.to_string(),
+                    reason: reason.clone(),
+                });
             }
         }
     }

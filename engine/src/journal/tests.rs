@@ -674,6 +674,41 @@ fn a_written_buffer_serves_reads_and_is_recycled_at_its_entry_size() {
 }
 
 #[test]
+fn a_lent_chunk_reads_on_another_thread_and_outlives_a_loan_dropped_first() {
+    run(|dir| async move {
+        let (journal, _) = open(&dir).await;
+        let mut appended = journal.append(vec![chunk(&journal, 0, 3, 2000)]).await.expect("append");
+        let (chunk, _) = appended.pop().expect("one chunk");
+        let expected = chunk.bytes().to_vec();
+
+        // Read on another thread, given back, then the loan ends: the chunk is let go.
+        let loan = ChunkLoan::new(Rc::clone(&chunk));
+        let lent = loan.lend();
+        assert_eq!(lent.header(), chunk.header());
+        let want = expected.clone();
+        let lent = std::thread::spawn(move || {
+            assert_eq!(lent.bytes(), want, "the chunk's bytes, in place");
+            lent
+        })
+        .join()
+        .expect("the reader");
+        drop(lent);
+        drop(loan);
+        assert_eq!(Rc::strong_count(&chunk), 1, "an ended loan holds nothing");
+
+        // A loan dropped while its chunk is still out (a shard torn down mid-upload)
+        // neither waits nor frees: the reader's bytes stay as they were.
+        let loan = ChunkLoan::new(Rc::clone(&chunk));
+        let lent = loan.lend();
+        drop(loan);
+        assert_eq!(Rc::strong_count(&chunk), 2, "the chunk is held for the reader");
+        drop(chunk);
+        let reader = std::thread::spawn(move || assert_eq!(lent.bytes(), expected));
+        reader.join().expect("the bytes outlive the loan");
+    });
+}
+
+#[test]
 fn an_unknown_version_or_a_missing_segment_refuses_to_open() {
     run(|dir| async move {
         let (journal, _) = open(&dir).await;

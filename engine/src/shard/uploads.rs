@@ -26,13 +26,13 @@
 use std::rc::Rc;
 use std::sync::Arc;
 
-use crate::chunk::SealedChunk;
+use crate::chunk::{ChunkHeader, SealedChunk};
 use crate::control::{ControlPlane, RefRow};
 use crate::error::{Error, Result};
-use crate::journal::{Journal, JournalBuffer, Location};
+use crate::journal::{ChunkLoan, Journal, JournalBuffer, Location};
 use crate::meta::RedbMetaStore;
 use crate::stream::{ChunkSource, DurableChunk};
-use crate::uploader::{Placement, UploadChunk, Uploader};
+use crate::uploader::{ChunkBody, Placement, UploadChunk, Uploader};
 
 use super::{ObjectSlot, Shard, Stored};
 use crate::aligned::AlignedBuf;
@@ -41,8 +41,8 @@ use crate::aligned::AlignedBuf;
 pub(crate) enum JobChunks {
     /// Standard chunks, sealed in their own aligned buffers.
     Standard(Vec<SealedChunk<AlignedBuf>>),
-    /// Express chunks just written to the journal (copied for the upload when the job
-    /// starts, since journal buffers cannot leave the shard's thread).
+    /// Express chunks just written to the journal (lent to the uploader in place: see
+    /// `ChunkLoan`).
     Journaled(Vec<Rc<SealedChunk<JournalBuffer>>>),
     /// Express chunks found in the journal at recovery with no ref: read back first.
     Recovered(Vec<Location>),
@@ -106,8 +106,17 @@ impl Job {
     }
 }
 
-/// What a finished job hands back: each chunk with where it landed.
-type Landed = Vec<(Placement, SealedChunk<AlignedBuf>)>;
+/// One chunk of a finished job: where it landed, and its bytes to keep in memory when
+/// they came back in a buffer of their own (a lent express chunk stays in the journal
+/// buffer its leader already holds).
+struct LandedChunk {
+    placement: Placement,
+    header: ChunkHeader,
+    bytes: Option<Rc<dyn ChunkSource>>,
+}
+
+/// What a finished job hands back, chunk by chunk.
+type Landed = Vec<LandedChunk>;
 
 /// A job in flight: what kind it is, its journal position (express), and its task.
 pub(crate) struct InFlight {
@@ -234,15 +243,14 @@ impl Shard {
 
     /// Standard chunks are durable: visible and acknowledged, served from memory.
     fn apply_standard(&self, uploaded: Landed) {
-        for (placement, chunk) in uploaded {
+        for LandedChunk { placement, header, bytes } in uploaded {
             let Some(slot) = self.streams.borrow().get(&placement.stream_id).cloned() else {
                 unreachable!("a stream with chunks in flight keeps its slot until they are durable")
             };
             // Its bytes, held since the append, stay held: now as a cached chunk.
-            let header = *chunk.header();
-            let source: Rc<dyn ChunkSource> = Rc::new(chunk);
+            debug_assert!(bytes.is_some(), "standard chunks come back in their buffers");
             let stored = Stored::Object(Rc::new(ObjectSlot::from(&placement)));
-            slot.leader.borrow_mut().on_durable(DurableChunk::new(&header, stored, Some(source)));
+            slot.leader.borrow_mut().on_durable(DurableChunk::new(&header, stored, bytes));
             self.cache_order.borrow_mut().push_back((placement.stream_id, header.first_seq_num));
             slot.changed.notify();
             self.count(|s| s.chunks += 1);
@@ -252,16 +260,15 @@ impl Shard {
     /// Express chunks are in the object store and referenced: reads go there once they
     /// leave memory, and the journal space up to the next pending job is given up.
     async fn apply_express(&self, uploaded: Landed) {
-        for (placement, chunk) in uploaded {
+        for LandedChunk { placement, header, bytes } in uploaded {
             let Some(slot) = self.streams.borrow().get(&placement.stream_id).cloned() else {
                 continue; // deleted since: its objects are the auditor's
             };
-            let first = chunk.header().first_seq_num;
+            let first = header.first_seq_num;
             let stored = Stored::Object(Rc::new(ObjectSlot::from(&placement)));
-            let bytes: Rc<dyn ChunkSource> = Rc::new(chunk);
-            // Pinned in memory until now (the only copy besides the journal's, which is
-            // about to go); from here on it may be evicted and read back from the store.
-            if slot.leader.borrow_mut().relocate(first, stored, Some(bytes)) {
+            // Pinned in memory until now (the journal's space is about to go); from here
+            // on it may be evicted and read back from the store.
+            if slot.leader.borrow_mut().relocate(first, stored, bytes) {
                 self.cache_order.borrow_mut().push_back((placement.stream_id, first));
             }
         }
@@ -273,6 +280,17 @@ impl Shard {
             self.fail(format!("journal release: {error}"));
         }
     }
+}
+
+/// What the leader keeps in memory of a lent express chunk once it is in the store: the
+/// journal buffer it already holds (`None`: no change), unless the chunk fills less than
+/// half of that buffer (a small batch in a fresh `--express-chunk-bytes` buffer). Then a
+/// copy of the chunk's own size, so that cached chunks cost about the bytes the memory
+/// budget counts.
+fn kept_in_memory(loan: &ChunkLoan) -> Option<Rc<dyn ChunkSource>> {
+    let chunk = loan.chunk();
+    let sparse = chunk.padded().len() * 2 < chunk.storage().allocated();
+    sparse.then(|| Rc::new(SealedChunk::copy_of(chunk.bytes(), *chunk.header())) as _)
 }
 
 impl From<&Placement> for ObjectSlot {
@@ -303,24 +321,32 @@ async fn run(
     journal: Rc<Journal>,
     chunks: JobChunks,
 ) -> Result<Landed> {
-    let chunks: Vec<SealedChunk<AlignedBuf>> = match chunks {
-        JobChunks::Standard(chunks) => chunks,
-        JobChunks::Journaled(chunks) => {
-            chunks.iter().map(|c| SealedChunk::copy_of(c.bytes(), *c.header())).collect()
-        }
+    // Declared first, so dropped last: after every lent chunk of this job is back.
+    let mut loans = Vec::new();
+    let mut chunks: Vec<ChunkBody> = match chunks {
+        JobChunks::Standard(chunks) => chunks.into_iter().map(ChunkBody::Owned).collect(),
+        JobChunks::Journaled(chunks) => chunks
+            .into_iter()
+            .map(|chunk| {
+                let loan = ChunkLoan::new(chunk);
+                let lent = loan.lend();
+                loans.push(loan);
+                ChunkBody::Lent(lent)
+            })
+            .collect(),
         JobChunks::Recovered(locations) => {
             let mut chunks = Vec::with_capacity(locations.len());
             for location in &locations {
                 let read = journal.read(location).await?;
-                chunks.push(SealedChunk::copy_of(read.bytes(), *read.header()));
+                chunks.push(ChunkBody::Owned(SealedChunk::copy_of(read.bytes(), *read.header())));
             }
             chunks
         }
     };
-    let mut chunks = chunks;
     let mut rewrites = 0;
     loop {
-        let uploaded = uploader.upload(chunks.into_iter().map(UploadChunk::from).collect()).await?;
+        let requests = chunks.into_iter().map(|body| UploadChunk { body, leader_epoch: 0 });
+        let uploaded = uploader.upload(requests.collect()).await?;
         let refs: Vec<RefRow> = uploaded
             .placements
             .iter()
@@ -337,12 +363,64 @@ async fn run(
             })
             .collect();
         match control.put_refs(&refs).await {
-            Ok(()) => return Ok(uploaded.placements.into_iter().zip(uploaded.chunks).collect()),
+            Ok(()) => {
+                let landed = uploaded.placements.into_iter().zip(uploaded.chunks).enumerate();
+                let landed = landed.map(|(i, (placement, body))| {
+                    let header = *body.header();
+                    let bytes = match body {
+                        ChunkBody::Owned(chunk) => Some(Rc::new(chunk) as Rc<dyn ChunkSource>),
+                        // A journaled job lends every chunk, in order.
+                        ChunkBody::Lent(_) => kept_in_memory(&loans[i]),
+                    };
+                    LandedChunk { placement, header, bytes }
+                });
+                return Ok(landed.collect());
+            }
             Err(Error::ObjectDead { .. }) if rewrites < DEAD_BUNDLE_RETRIES => {
                 rewrites += 1;
                 chunks = uploaded.chunks;
             }
             Err(error) => return Err(error),
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use glommio::{LocalExecutorBuilder, Placement};
+
+    use super::*;
+    use crate::chunk::ChunkBuilder;
+    use crate::ids::StreamId;
+
+    /// A sealed chunk of one `body_len`-byte record in a fresh `capacity`-byte buffer.
+    fn sealed(capacity: usize, body_len: usize) -> Rc<SealedChunk<JournalBuffer>> {
+        let buffer = JournalBuffer::new(glommio::allocate_dma_buffer(capacity));
+        let mut builder = ChunkBuilder::with_buffer(buffer, StreamId([7; 16]), 0);
+        let record: Vec<u8> = std::iter::once(0).chain((0..body_len).map(|i| i as u8)).collect();
+        builder.push_record(&record, 1).expect("sized to fit");
+        Rc::new(builder.seal())
+    }
+
+    #[test]
+    fn a_lent_chunk_stays_in_its_buffer_unless_it_fills_under_half_of_it() {
+        let executor = LocalExecutorBuilder::new(Placement::Unbound).make().expect("executor");
+        executor.run(async {
+            // Most of a 64 KiB buffer: cached where it is.
+            let full = ChunkLoan::new(sealed(64 << 10, 40 << 10));
+            assert!(kept_in_memory(&full).is_none(), "the journal buffer is kept");
+
+            // 8 KiB of a 256 KiB buffer: cached as a copy of its own size.
+            let sparse = ChunkLoan::new(sealed(256 << 10, 5000));
+            let kept = kept_in_memory(&sparse).expect("a right-sized copy");
+            let records = |source: &dyn ChunkSource| {
+                source
+                    .records()
+                    .iter()
+                    .map(|(seq, ts, bytes)| (seq, ts, bytes.to_vec()))
+                    .collect::<Vec<_>>()
+            };
+            assert_eq!(records(&*kept), records(&**sparse.chunk()), "the same records");
+        });
     }
 }
