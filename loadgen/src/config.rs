@@ -32,7 +32,8 @@ workload:
   --warmup D                time before measuring (default 2s)
   --class standard|express  storage class of the streams (default standard)
   --format binary|json      append and read encoding (default binary)
-  --connections N           append connections per stream (default 1)
+  --connections N           append connections per stream (default 1); a nova shard serves
+                            1024 connections at once by default, so more wait unaccepted
   --producers N             producer threads; streams are split between them (default 1)
   --consumers N             subscribers following the tail, one stream each (default 0)
   --catch-up                after the run, read every stream from its first record and
@@ -260,6 +261,29 @@ impl Config {
         }
         Ok(Some(c))
     }
+
+    /// The connections the run opens: one per stream and `--connections`, and one per
+    /// consumer.
+    pub fn connections_total(&self) -> usize {
+        self.streams * self.connections + self.consumers
+    }
+
+    /// A warning when the run opens more connections than a nova shard serves at once by
+    /// default (`--http-connections-max`): the server leaves the rest unaccepted in the
+    /// kernel's backlog, and a producer waiting on one of them stalls with it.
+    pub fn connections_warning(&self) -> Option<String> {
+        let total = self.connections_total();
+        let limit = tuning::HTTP_CONNECTIONS_MAX.default;
+        (total as u64 > limit).then(|| {
+            format!(
+                "{total} connections (--streams {} x --connections {} + --consumers {}) \
+                 is more than one nova shard serves by default (--http-connections-max \
+                 {limit}); unless the server has the shards or the limit for them, the rest \
+                 wait unaccepted and their producers stall",
+                self.streams, self.connections, self.consumers
+            )
+        })
+    }
 }
 
 fn count(flag: &str, text: &str, min: usize, max: usize) -> Result<usize, String> {
@@ -304,6 +328,18 @@ mod tests {
 
     fn parse(args: &[&str]) -> Result<Option<Config>, String> {
         Config::parse(&args.iter().map(|s| s.to_string()).collect::<Vec<_>>())
+    }
+
+    #[test]
+    fn warns_of_more_connections_than_a_shard_serves_by_default() {
+        let run = |args: &[&str]| parse(args).expect("valid").expect("a run");
+        let within = run(&["--spawn", "--streams", "16", "--connections", "64"]);
+        assert_eq!(within.connections_total(), 1024);
+        assert_eq!(within.connections_warning(), None);
+        let beyond = run(&["--spawn", "--streams", "100", "--connections", "64"]);
+        let warning = beyond.connections_warning().expect("6400 connections");
+        assert!(warning.starts_with("6400 connections (--streams 100 x --connections 64"));
+        assert!(warning.contains("--http-connections-max 1024"), "{warning}");
     }
 
     #[test]

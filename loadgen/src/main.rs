@@ -22,6 +22,9 @@ fn main() -> ExitCode {
             return ExitCode::from(1);
         }
     };
+    if let Some(warning) = config.connections_warning() {
+        eprintln!("loadgen: warning: {warning}");
+    }
     let outputs = (config.json.clone(), config.hdr_log.clone(), config.report.clone());
     // Said on stderr before the load starts, so a caller can reach the same server.
     let mut on_target = |url: &str| eprintln!("loadgen: target {url}");
