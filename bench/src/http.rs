@@ -353,7 +353,7 @@ fn in_process(data_dir: &Path, case: Case, durations: &Durations) -> Outcome {
     };
     block_on(client.control().create_bucket(&bucket, &request, None)).expect("bucket");
     let (_, framed) = append_body(Format::Binary, case.records);
-    let framed = s3::Bytes::from(framed);
+    let framed = engine::framing::FramedBody::from(framed);
     let mut cpu = CpuSpent::of(None);
     let run = harness::closed_loop(
         CONNECTIONS,

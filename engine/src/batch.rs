@@ -12,6 +12,7 @@
 
 use crate::error::{Error, Result};
 use crate::limits::{BATCH_BYTES_MAX, BATCH_RECORDS_MAX, HEADERS_PER_RECORD_MAX, Limits};
+use crate::pieces::Pieces;
 use crate::record;
 
 /// What a valid batch holds.
@@ -24,8 +25,10 @@ pub struct BatchSummary {
 }
 
 /// Validates a framed batch. `lengths` holds one little-endian u32 per record and the
-/// lengths add up to `data.len()` (the framing decoder guarantees both).
-pub fn validate(lengths: &[u8], data: &[u8], limits: &Limits) -> Result<BatchSummary> {
+/// lengths add up to `data.len()` (the framing decoder guarantees both). Each record is
+/// read where it lies (a record split between two pieces of the body is read from a
+/// copy).
+pub fn validate(lengths: &[u8], data: Pieces<'_>, limits: &Limits) -> Result<BatchSummary> {
     let count = lengths.len() / 4;
     if count == 0 {
         return Err(Error::EmptyBatch);
@@ -38,10 +41,9 @@ pub fn validate(lengths: &[u8], data: &[u8], limits: &Limits) -> Result<BatchSum
     for (index, length) in lengths.chunks_exact(4).enumerate() {
         let index = index as u32; // count <= BATCH_RECORDS_MAX
         let length = u32::from_le_bytes(length.try_into().expect("4-byte chunk")) as usize;
-        let (stored, tail) = rest.split_at(length);
-        rest = tail;
+        let stored = rest.take(length).expect("the lengths add up to the data");
         let record =
-            record::decode(stored).map_err(|source| Error::MalformedRecord { index, source })?;
+            record::decode(&stored).map_err(|source| Error::MalformedRecord { index, source })?;
         let size = record.content_len();
         if size > u64::from(limits.record_bytes_max) {
             return Err(Error::RecordTooLarge { index, size, limit: limits.record_bytes_max });
@@ -77,8 +79,9 @@ fn check_headers(index: u32, record: &record::StoredRecord<'_>) -> Result<()> {
 mod tests {
     use super::*;
     use crate::Code;
-    use crate::framing::{AppendBuilder, AppendConditions, AppendFrame};
+    use crate::framing::{AppendBuilder, AppendConditions, AppendFrame, FramedBody};
     use crate::limits::RECORD_BYTES_MAX_DEFAULT;
+    use s3::Bytes;
 
     type Header<'a> = (&'a [u8], &'a [u8]);
 
@@ -89,7 +92,15 @@ mod tests {
         }
         let body = builder.finish(&AppendConditions::default());
         let frame = AppendFrame::decode(&body).expect("valid framing");
-        validate(frame.lengths, frame.data, &Limits::default())
+        let whole = validate(frame.lengths, frame.data, &Limits::default());
+        // The same body in three pieces, cut inside records: the same verdict.
+        let body = Bytes::from(body);
+        let (a, b) = (body.len() / 3 + 1, body.len() * 2 / 3 + 5); // a body has 24 bytes or more
+        let cut = [body.slice(..a), body.slice(a..b), body.slice(b..)];
+        let body = FramedBody::from_pieces(cut);
+        let frame = AppendFrame::decode_body(&body).expect("valid framing");
+        assert_eq!(validate(frame.lengths, frame.data, &Limits::default()), whole, "in pieces");
+        whole
     }
 
     #[test]
@@ -178,8 +189,8 @@ mod tests {
     #[test]
     fn malformed_record_names_its_index() {
         let lengths = [1u32, 2].iter().flat_map(|l| l.to_le_bytes()).collect::<Vec<_>>();
-        let err =
-            validate(&lengths, &[0x00, 0x80, 0x00], &Limits::default()).expect_err("malformed");
+        let err = validate(&lengths, Pieces::from(&[0x00, 0x80, 0x00][..]), &Limits::default())
+            .expect_err("malformed");
         assert_eq!(
             err,
             Error::MalformedRecord {

@@ -39,6 +39,7 @@ use crate::fixed::{self, Fixed, FixedFault};
 use crate::ids::StreamId;
 use crate::le::{u32_at, u64_at};
 use crate::limits::SEQ_NUM_MAX;
+use crate::pieces::Pieces;
 use crate::record;
 
 /// `"NVCK"`: the first four bytes of every chunk.
@@ -635,7 +636,7 @@ impl<B: ChunkStorage> ChunkBuilder<B> {
 
     /// Appends one batch: `lengths` holds each record's stored length (little-endian
     /// u32, as the binary framing carries it), `data` the stored records back to back,
-    /// all stamped `timestamp`. The data is copied once, with one `memcpy`.
+    /// all stamped `timestamp`. The data is copied once, with one `memcpy` per piece.
     ///
     /// The caller has validated the records and sequenced the batch; a timestamp below
     /// the previous one, or lengths that do not add up to `data`, are bugs and stop the
@@ -643,7 +644,7 @@ impl<B: ChunkStorage> ChunkBuilder<B> {
     pub fn push_batch(
         &mut self,
         lengths: &[u8],
-        data: &[u8],
+        data: Pieces<'_>,
         timestamp: u64,
     ) -> Result<(), ChunkFull> {
         let records = lengths.len() / END_LEN;
@@ -656,9 +657,12 @@ impl<B: ChunkStorage> ChunkBuilder<B> {
                 bytes: data.len(),
             });
         }
-        let start = ENVELOPE_LEN + HEADER_LEN + self.data_len;
-        self.buf.storage_mut()[start..start + data.len()].copy_from_slice(data);
-        self.data_crc.update(data);
+        let mut at = ENVELOPE_LEN + HEADER_LEN + self.data_len;
+        for piece in data.iter() {
+            self.buf.storage_mut()[at..at + piece.len()].copy_from_slice(piece);
+            self.data_crc.update(piece);
+            at += piece.len();
+        }
         let (ends_at, timestamps_at) = (self.ends.len(), self.timestamps.len());
         self.ends.resize(ends_at + lengths.len(), 0);
         self.timestamps.resize(timestamps_at + records * TS_LEN, 0);
@@ -689,7 +693,7 @@ impl<B: ChunkStorage> ChunkBuilder<B> {
             records: 1,
             bytes: stored.len(),
         })?;
-        self.push_batch(&length.to_le_bytes(), stored, timestamp)
+        self.push_batch(&length.to_le_bytes(), stored.into(), timestamp)
     }
 
     /// The records in so far, served to readers from this buffer without copying.
@@ -771,8 +775,20 @@ mod tests {
         builder.push_record(&[0x00, b'h', b'i'], 100).expect("fits");
         builder.push_record(&[0x01, 0x01, 0x01, 0x01, b'k', b'v', b'h', b'i'], 105).expect("fits");
         let (lengths, data) = batch(&[b"a", b"bc", b""]);
-        builder.push_batch(&lengths, &data, 105).expect("fits");
+        builder.push_batch(&lengths, data[..].into(), 105).expect("fits");
         builder.seal()
+    }
+
+    #[test]
+    fn a_batch_in_pieces_frames_the_same_chunk_as_in_one() {
+        let (lengths, data) = batch(&[b"abc", b"defgh", b"", b"ij"]);
+        let mut whole = ChunkBuilder::new(ID, 0, 4096);
+        whole.push_batch(&lengths, data[..].into(), 5).expect("fits");
+        let shared = s3::Bytes::from(data.clone());
+        let rest = [shared.slice(3..7), shared.slice(7..7), shared.slice(7..)];
+        let mut pieces = ChunkBuilder::new(ID, 0, 4096);
+        pieces.push_batch(&lengths, Pieces::new(&data[..3], &rest), 5).expect("fits");
+        assert_eq!(pieces.seal().bytes(), whole.seal().bytes());
     }
 
     /// Recomputes every CRC from the header's fields so a test reaches the check behind
@@ -839,7 +855,7 @@ mod tests {
         builder.push_record(&[0x00, b'h', b'i'], 100).expect("fits");
         builder.push_record(&[0x01, 0x01, 0x01, 0x01, b'k', b'v', b'h', b'i'], 105).expect("fits");
         let (lengths, data) = batch(&[b"a", b"bc", b""]);
-        builder.push_batch(&lengths, &data, 105).expect("fits");
+        builder.push_batch(&lengths, data[..].into(), 105).expect("fits");
         let sealed = builder.seal();
         assert_eq!(sealed.bytes(), expected);
         let padded = sealed.padded();
@@ -1056,7 +1072,7 @@ mod tests {
                 timestamp += step;
                 let refs: Vec<&[u8]> = bodies.iter().map(Vec::as_slice).collect();
                 let (lengths, data) = batch(&refs);
-                builder.push_batch(&lengths, &data, timestamp).expect("fits");
+                builder.push_batch(&lengths, data[..].into(), timestamp).expect("fits");
                 expected.extend(bodies.iter().map(|b| (timestamp, stored(b))));
             }
             let sealed = builder.seal();

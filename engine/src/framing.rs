@@ -37,9 +37,18 @@
 //! ```
 //!
 //! All integers little-endian.
+//!
+//! A body may arrive in pieces (HTTP hands it over in the reads it came in): a
+//! [`FramedBody`] keeps them as they are and [`Pieces`] reads the records across them, so
+//! joining them is never a copy of the records.
+
+use std::borrow::Cow;
+
+use s3::Bytes;
 
 use crate::chunk::{self, Records};
 use crate::le::{u32_at, u64_at};
+use crate::pieces::Pieces;
 use crate::position::Tail;
 use crate::record;
 
@@ -115,6 +124,93 @@ pub struct AppendConditions<'a> {
     pub timestamp: Option<i64>,
 }
 
+/// An append body as it arrived, in one piece or several, none of them copied to join
+/// them, except the head (prefix, token and lengths, a few bytes per record) when it is
+/// split between pieces: then it is gathered into a first piece of its own. A body
+/// shorter than its head is joined whole (it is refused anyway, with the same error as
+/// in one piece).
+#[derive(Clone, Debug, Default)]
+pub struct FramedBody {
+    pieces: Vec<Bytes>,
+}
+
+impl FramedBody {
+    pub fn from_pieces(pieces: impl IntoIterator<Item = Bytes>) -> Self {
+        let mut pieces: Vec<Bytes> = pieces.into_iter().filter(|p| !p.is_empty()).collect();
+        if pieces.len() > 1 {
+            let len: usize = pieces.iter().map(Bytes::len).sum();
+            let head = match Pieces::over(&pieces).take(APPEND_PREFIX_LEN) {
+                Some(prefix) => {
+                    let count = u64::from(u32_at(&prefix, 4));
+                    APPEND_PREFIX_LEN as u64 + u64::from(prefix[2]) + 4 * count
+                }
+                None => u64::MAX,
+            };
+            if head > len as u64 {
+                pieces = vec![join(&pieces, len)];
+            } else if pieces[0].len() < head as usize {
+                pieces = split_after(pieces, head as usize);
+            }
+        }
+        Self { pieces }
+    }
+
+    /// The body's length in bytes.
+    pub fn len(&self) -> usize {
+        self.pieces.iter().map(Bytes::len).sum()
+    }
+
+    pub fn is_empty(&self) -> bool {
+        self.pieces.is_empty()
+    }
+
+    /// The body as one piece: itself if it is one, else joined (a copy).
+    pub fn to_bytes(&self) -> Bytes {
+        match &self.pieces[..] {
+            [] => Bytes::new(),
+            [one] => one.clone(),
+            pieces => join(pieces, self.len()),
+        }
+    }
+}
+
+impl From<Bytes> for FramedBody {
+    fn from(bytes: Bytes) -> Self {
+        Self::from_pieces([bytes])
+    }
+}
+
+impl From<Vec<u8>> for FramedBody {
+    fn from(bytes: Vec<u8>) -> Self {
+        Self::from_pieces([Bytes::from(bytes)])
+    }
+}
+
+fn join(pieces: &[Bytes], len: usize) -> Bytes {
+    let mut out = Vec::with_capacity(len);
+    pieces.iter().for_each(|piece| out.extend_from_slice(piece));
+    out.into()
+}
+
+/// `pieces` with their first `head` bytes gathered into a first piece of their own.
+fn split_after(pieces: Vec<Bytes>, head: usize) -> Vec<Bytes> {
+    let mut first = Vec::with_capacity(head);
+    let mut out = vec![Bytes::new()];
+    for piece in pieces {
+        let wanted = head - first.len();
+        if wanted == 0 {
+            out.push(piece);
+        } else if piece.len() <= wanted {
+            first.extend_from_slice(&piece);
+        } else {
+            first.extend_from_slice(&piece[..wanted]);
+            out.push(piece.slice(wanted..));
+        }
+    }
+    out[0] = first.into();
+    out
+}
+
 /// A decoded append request: conditions, and the records still in their framed form,
 /// borrowed from the request body.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -124,16 +220,31 @@ pub struct AppendFrame<'a> {
     /// [`chunk::ChunkBuilder::push_batch`] takes.
     pub lengths: &'a [u8],
     /// The stored records back to back.
-    pub data: &'a [u8],
+    pub data: Pieces<'a>,
 }
 
 impl<'a> AppendFrame<'a> {
+    /// Decodes an append body in one piece; see [`AppendFrame::decode_body`].
+    pub fn decode(body: &'a [u8]) -> Result<Self, FramingError> {
+        Self::decode_pieces(body, &[])
+    }
+
     /// Decodes an append body. Checks the framing only; the records themselves are
     /// validated by [`crate::batch`].
-    pub fn decode(body: &'a [u8]) -> Result<Self, FramingError> {
-        let Some(prefix) = body.first_chunk::<APPEND_PREFIX_LEN>() else {
+    pub fn decode_body(body: &'a FramedBody) -> Result<Self, FramingError> {
+        match body.pieces.split_first() {
+            Some((first, rest)) => Self::decode_pieces(first, rest),
+            None => Self::decode(&[]),
+        }
+    }
+
+    /// `first` holds the whole head whenever the body is as long as its head says
+    /// ([`FramedBody`] makes it so); errors count the whole body.
+    fn decode_pieces(first: &'a [u8], rest: &'a [Bytes]) -> Result<Self, FramingError> {
+        let len = Pieces::new(first, rest).len();
+        let Some(prefix) = first.first_chunk::<APPEND_PREFIX_LEN>() else {
             return Err(FramingError::TooShort {
-                len: body.len() as u64,
+                len: len as u64,
                 needed: APPEND_PREFIX_LEN as u64,
             });
         };
@@ -161,25 +272,27 @@ impl<'a> AppendFrame<'a> {
                 return Err(FramingError::ValueWithoutFlag { field, value });
             }
         }
-        let rest = &body[APPEND_PREFIX_LEN..];
+        let after = &first[APPEND_PREFIX_LEN..];
         let token_len = usize::from(token_len);
-        if rest.len() < token_len {
+        if len < APPEND_PREFIX_LEN + token_len {
             return Err(FramingError::TooShort {
-                len: body.len() as u64,
+                len: len as u64,
                 needed: (APPEND_PREFIX_LEN + token_len) as u64,
             });
         }
-        let (token, rest) = rest.split_at(token_len);
+        let (token, after) = after.split_at(token_len);
         let fencing_token = if flags & FLAG_FENCING_TOKEN != 0 {
             Some(std::str::from_utf8(token).map_err(|_| FramingError::TokenNotUtf8)?)
         } else {
             None
         };
         let lengths_len = u64::from(count) * 4;
-        if (rest.len() as u64) < lengths_len {
-            return Err(FramingError::LengthsOverrun { count, available: rest.len() as u64 });
+        let available = (len - APPEND_PREFIX_LEN - token_len) as u64;
+        if available < lengths_len {
+            return Err(FramingError::LengthsOverrun { count, available });
         }
-        let (lengths, data) = rest.split_at(lengths_len as usize);
+        let (lengths, data) = after.split_at(lengths_len as usize);
+        let data = Pieces::new(data, rest);
         let total: u64 = lengths.chunks_exact(4).map(|l| u64::from(u32_at(l, 0))).sum();
         if total != data.len() as u64 {
             return Err(FramingError::DataLengthMismatch {
@@ -203,13 +316,11 @@ impl<'a> AppendFrame<'a> {
         self.lengths.len() / 4
     }
 
-    /// The stored records, one slice each.
-    pub fn records(&self) -> impl Iterator<Item = &'a [u8]> + 'a {
+    /// The stored records, each borrowed where it lies in one piece of the body.
+    pub fn records(&self) -> impl Iterator<Item = Cow<'a, [u8]>> + 'a {
         let mut data = self.data;
         self.lengths.chunks_exact(4).map(move |length| {
-            let (record, rest) = data.split_at(u32_at(length, 0) as usize);
-            data = rest;
-            record
+            data.take(u32_at(length, 0) as usize).expect("the lengths add up to the data")
         })
     }
 }
@@ -498,7 +609,7 @@ mod tests {
         assert_eq!(out[4..], fresh[..]);
         assert_eq!(reused.framed_len(&conditions), fresh.len());
         let frame = AppendFrame::decode(&fresh).expect("valid");
-        assert!(reused.records().eq(frame.records()), "records() are the framed records");
+        assert!(frame.records().eq(reused.records()), "records() are the framed records");
     }
 
     #[test]
@@ -512,8 +623,8 @@ mod tests {
         let frame = AppendFrame::decode(&body).expect("valid");
         assert_eq!(frame.conditions, conditions);
         assert_eq!(frame.record_count(), 2);
-        let records: Vec<&[u8]> = frame.records().collect();
-        assert_eq!(records, [&[0x00, b'h', b'i'][..], &[1, 1, 1, 1, b'k', b'v', b'h', b'i'][..]]);
+        let records: Vec<Vec<u8>> = frame.records().map(Cow::into_owned).collect();
+        assert_eq!(records, [vec![0x00, b'h', b'i'], vec![1, 1, 1, 1, b'k', b'v', b'h', b'i']]);
         let bare = sample_append(&AppendConditions::default());
         assert_eq!(
             AppendFrame::decode(&bare).expect("valid").conditions,
@@ -701,8 +812,45 @@ mod tests {
             let frame = AppendFrame::decode(&body).expect("valid");
             prop_assert_eq!(frame.conditions, conditions);
             let decoded: Vec<Vec<u8>> =
-                frame.records().map(|r| record::decode(r).expect("valid").body().to_vec()).collect();
+                frame.records().map(|r| record::decode(&r).expect("valid").body().to_vec()).collect();
             prop_assert_eq!(decoded, bodies);
+        }
+
+        /// A body in pieces, however cut, decodes as it does whole: the same conditions,
+        /// lengths and records, or the same refusal.
+        #[test]
+        fn a_body_in_pieces_decodes_as_it_does_whole(
+            bodies in prop::collection::vec(prop::collection::vec(any::<u8>(), 0..40), 0..12),
+            token in prop::option::of("[a-z]{0,20}"),
+            cut_at in prop::collection::vec(0usize..400, 0..6),
+            garbage in prop::collection::vec(any::<u8>(), 0..60),
+            garble in any::<bool>(),
+        ) {
+            let mut builder = AppendBuilder::new();
+            for body in &bodies {
+                builder.push::<&[u8], &[u8]>(&[], body).expect("fits");
+            }
+            let conditions = AppendConditions { fencing_token: token.as_deref(), ..Default::default() };
+            let whole = if garble { garbage } else { builder.finish(&conditions) };
+            let mut cuts: Vec<usize> = cut_at.into_iter().map(|c| c.min(whole.len())).collect();
+            cuts.sort_unstable();
+            let shared = Bytes::from(whole.clone());
+            let mut pieces = Vec::new();
+            let mut at = 0;
+            for cut in cuts.into_iter().chain([whole.len()]) {
+                pieces.push(shared.slice(at..cut));
+                at = cut;
+            }
+            let body = FramedBody::from_pieces(pieces);
+            prop_assert_eq!(body.len(), whole.len());
+            prop_assert_eq!(&body.to_bytes()[..], &whole[..]);
+            prop_assert_eq!(AppendFrame::decode_body(&body), AppendFrame::decode(&whole));
+            if let Ok(frame) = AppendFrame::decode_body(&body) {
+                let decoded: Vec<Vec<u8>> = frame.records().map(Cow::into_owned).collect();
+                let expected: Vec<Vec<u8>> =
+                    AppendFrame::decode(&whole).expect("valid").records().map(Cow::into_owned).collect();
+                prop_assert_eq!(decoded, expected);
+            }
         }
 
         #[test]

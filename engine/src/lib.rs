@@ -29,6 +29,7 @@ pub mod names;
 pub mod node;
 pub mod notify;
 pub mod options;
+pub mod pieces;
 pub mod position;
 pub mod record;
 pub mod settled;

@@ -41,7 +41,7 @@ use crate::batch;
 use crate::chunk::{ChunkBuilder, ChunkHeader, ChunkStorage, SealedChunk};
 use crate::control::{Clock, ControlPlane, StreamRecord};
 use crate::error::{Error, Result};
-use crate::framing::{self, AppendFrame};
+use crate::framing::{self, AppendFrame, FramedBody};
 use crate::ids::StreamId;
 use crate::journal::{Appended, Journal, JournalBuffer, JournalRead, Location, RecoveredEntry};
 use crate::latency::Latency;
@@ -156,8 +156,9 @@ const RECOVERED_PER_JOB: usize = 64;
 #[derive(Clone, Debug)]
 pub struct AppendRequest {
     /// The batch in binary framing (`framing.rs`); the JSON path encodes into it. Shared
-    /// bytes, so a binary request body reaches the chunk without being copied first.
-    pub framed: s3::Bytes,
+    /// bytes, in the pieces the body arrived in, so a binary request body reaches the
+    /// chunk without being copied first.
+    pub framed: FramedBody,
     /// What the records offered as timestamps, when the framing's one batch stamp does
     /// not say it all (JSON records stamp each record or not). `None`: from the framing.
     pub offered: Option<Offered>,
@@ -627,7 +628,7 @@ impl Shard {
 
     async fn append(self: &Rc<Self>, slot: &Rc<Slot>, request: AppendRequest) -> Result<AppendAck> {
         let arrived = Instant::now();
-        let frame = AppendFrame::decode(&request.framed)?;
+        let frame = AppendFrame::decode_body(&request.framed)?;
         if let Some(token) = frame.conditions.fencing_token
             && token.len() > FENCING_TOKEN_BYTES_MAX
         {

@@ -27,6 +27,7 @@ use crate::error::{Error, Result};
 use crate::ids::StreamId;
 use crate::limits::SEQ_NUM_MAX;
 use crate::options::{ProducerPolicy, StreamOptions};
+use crate::pieces::Pieces;
 use crate::position::{Position, Tail};
 use crate::record;
 use crate::throughput::TokenBucket;
@@ -88,7 +89,7 @@ impl<L> DurableChunk<L> {
 pub struct AppendInput<'a> {
     /// Stored lengths (little-endian u32 per record) and the stored records.
     pub lengths: &'a [u8],
-    pub data: &'a [u8],
+    pub data: Pieces<'a>,
     pub summary: BatchSummary,
     /// What the records offered as timestamps.
     pub offered: Offered,

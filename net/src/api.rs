@@ -10,7 +10,7 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use bytes::Bytes;
-use engine::framing;
+use engine::framing::{self, FramedBody};
 use engine::limits::{
     READ_PAGE_BYTES_MAX_BINARY, READ_PAGE_BYTES_MAX_JSON, READ_PAGE_RECORDS_MAX_BINARY,
     READ_PAGE_RECORDS_MAX_JSON, READ_WAIT_SECONDS_MAX,
@@ -370,9 +370,15 @@ pub fn accepts_binary_subscription(request: &Request<Incoming>) -> bool {
         })
 }
 
-/// The request body, refused past the limit before it is held whole: from
-/// `Content-Length` at once, or as soon as the bytes read pass the limit.
+/// The request body in one piece; see [`read_pieces`].
 async fn read_body(request: Request<Incoming>, limit: u64) -> Result<Bytes, ApiError> {
+    Ok(read_pieces(request, limit).await?.to_bytes())
+}
+
+/// The request body, in the pieces hyper read it in (never joined here), refused past
+/// the limit before it is held whole: from `Content-Length` at once, or as soon as the
+/// bytes read pass the limit.
+async fn read_pieces(request: Request<Incoming>, limit: u64) -> Result<FramedBody, ApiError> {
     let too_large = |len: String| {
         ApiError::invalid(format!(
             "request body is {len} bytes, over the limit of {limit} bytes (--http-body-bytes-max)"
@@ -388,17 +394,24 @@ async fn read_body(request: Request<Incoming>, limit: u64) -> Result<Bytes, ApiE
     {
         return Err(too_large(len.to_string()));
     }
-    let limited = http_body_util::Limited::new(
+    let mut limited = http_body_util::Limited::new(
         request.into_body(),
         usize::try_from(limit).unwrap_or(usize::MAX),
     );
-    match limited.collect().await {
-        Ok(collected) => Ok(collected.to_bytes()),
-        Err(error) if error.is::<http_body_util::LengthLimitError>() => {
-            Err(too_large("more than that".into()))
+    let mut pieces = Vec::new();
+    while let Some(frame) = limited.frame().await {
+        match frame {
+            // Trailers, the only other kind of frame, carry nothing nova reads.
+            Ok(frame) => pieces.extend(frame.into_data().ok()),
+            Err(error) if error.is::<http_body_util::LengthLimitError>() => {
+                return Err(too_large("more than that".into()));
+            }
+            Err(error) => {
+                return Err(ApiError::invalid(format!("reading the request body failed: {error}")));
+            }
         }
-        Err(error) => Err(ApiError::invalid(format!("reading the request body failed: {error}"))),
     }
+    Ok(FramedBody::from_pieces(pieces))
 }
 
 // ---- Operations -----------------------------------------------------------------------
@@ -515,12 +528,13 @@ async fn append(
     let binary = media_type(request.headers().get(header::CONTENT_TYPE)).as_deref()
         == Some(RECORDS_MEDIA_TYPE);
     let encoding = encoding(&request)?;
-    let body = read_body(request, shared.settings.body_bytes_max).await?;
+    let body = read_pieces(request, shared.settings.body_bytes_max).await?;
     let append = if binary {
-        // The framed batch goes to the engine as it came; the engine validates it in place.
+        // The framed batch goes to the engine as it came, in the pieces it was read in;
+        // the engine validates it in place.
         AppendRequest { framed: body, offered: None }
     } else {
-        wire::append_request(&body, encoding)?
+        wire::append_request(&body.to_bytes(), encoding)?
     };
     let ack = shared.client.append(bucket, key, append).await?;
     ok(&json!({

@@ -790,6 +790,50 @@ fn binary_framing_appends_and_reads(nova: &Nova) {
     assert_eq!(end, Some((2, 2)));
 }
 
+/// A binary body in pieces (chunked transfer encoding: hyper hands each chunk over as a
+/// piece) cut inside the prefix, inside the lengths and inside records, and byte by byte
+/// for a stretch: appended whole, every record as sent.
+fn a_binary_body_in_pieces_is_appended_whole(nova: &Nova) {
+    use engine::framing::{AppendBuilder, AppendConditions};
+    use std::io::{Read as _, Write as _};
+    nova.ok("POST", "/v1/buckets/pcs", Some(r#"{"create_stream_on_append":true}"#), 201);
+    let bodies: Vec<Vec<u8>> = (0..40u8).map(|i| vec![i; usize::from(i) * 37]).collect();
+    let mut builder = AppendBuilder::new();
+    for body in &bodies {
+        let len = body.len().to_string();
+        builder.push(&[(b"n".as_slice(), len.as_bytes())], body).expect("fits");
+    }
+    let framed = builder.finish(&AppendConditions::default());
+    let mut cuts = vec![0, 5, 30, 200, 1000];
+    cuts.extend(1001..1040);
+    cuts.extend([framed.len() / 2, framed.len() - 3, framed.len()]);
+    let mut request = b"POST /v1/streams/pcs/s/records HTTP/1.1\r\nHost: nova\r\n\
+        Content-Type: application/x-nova-records\r\nTransfer-Encoding: chunked\r\n\
+        Connection: close\r\n\r\n"
+        .to_vec();
+    for piece in cuts.windows(2).map(|w| &framed[w[0]..w[1]]) {
+        request.extend(format!("{:x}\r\n", piece.len()).bytes());
+        request.extend_from_slice(piece);
+        request.extend(b"\r\n");
+    }
+    request.extend(b"0\r\n\r\n");
+    let mut socket =
+        std::net::TcpStream::connect(nova.url.trim_start_matches("http://")).expect("connect");
+    socket.write_all(&request).expect("send");
+    let mut response = String::new();
+    socket.read_to_string(&mut response).expect("the answer");
+    assert!(response.starts_with("HTTP/1.1 200"), "{response}");
+    assert!(response.contains(r#""end":{"seq_num":40"#), "{response}");
+
+    let read = nova.ok("GET", "/v1/streams/pcs/s/records?seq_num=0&count=40", None, 200);
+    let records = read["records"].as_array().expect("records");
+    assert_eq!(records.len(), 40);
+    for (record, body) in records.iter().zip(&bodies) {
+        assert_eq!(record["body"].as_str().map(str::as_bytes), Some(&body[..]));
+        assert_eq!(record["headers"][0][1], body.len().to_string());
+    }
+}
+
 fn health_metrics_and_request_ids(nova: &Nova) {
     let health = nova.call("GET", "/health", None);
     assert_eq!(health.status, 200);
@@ -1134,4 +1178,5 @@ suite!(
     subscription_delivers_history_then_live_records_and_ends,
     subscription_resumes_after_last_event_id_and_ends_at_a_bound,
     binary_framing_appends_and_reads,
+    a_binary_body_in_pieces_is_appended_whole,
 );
