@@ -26,11 +26,12 @@
 //!
 //! What it never does: run on or block a shard (the submit side is two flume channels
 //! awaited with `send_async`/`recv_async`, woken from this thread, so the awaiting
-//! glommio task must be in a `Latency::NotImportant` queue, notes/platform.md); write to a
-//! chunk, or copy one other than into the PUT body (the envelope is written apart, and
-//! the chunk read where it is: an express chunk in its shard's journal buffer, lent for
-//! the upload; assembling the one contiguous body the store takes is the one copy); talk to aws-sdk directly (only the `s3` crate's `ObjectStore`);
-//! write refs or metadata (the shard that gets the placements does).
+//! glommio task must be in a `Latency::NotImportant` queue, notes/platform.md); write
+//! to a chunk, or copy one other than into the PUT body (the envelope is written apart,
+//! and the chunk read where it is: an express chunk in its shard's journal buffer, lent
+//! for the upload; assembling the one contiguous body the store takes is the one
+//! copy); talk to aws-sdk directly (only the `s3` crate's `ObjectStore`); write refs or
+//! metadata (the shard that gets the placements does).
 
 use std::ops::Range;
 use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
