@@ -147,7 +147,7 @@ impl FramedBody {
                 None => u64::MAX,
             };
             if head > len as u64 {
-                pieces = vec![join(&pieces, len)];
+                pieces = vec![pieces.concat().into()];
             } else if pieces[0].len() < head as usize {
                 pieces = split_after(pieces, head as usize);
             }
@@ -163,15 +163,6 @@ impl FramedBody {
     pub fn is_empty(&self) -> bool {
         self.pieces.is_empty()
     }
-
-    /// The body as one piece: itself if it is one, else joined (a copy).
-    pub fn to_bytes(&self) -> Bytes {
-        match &self.pieces[..] {
-            [] => Bytes::new(),
-            [one] => one.clone(),
-            pieces => join(pieces, self.len()),
-        }
-    }
 }
 
 impl From<Bytes> for FramedBody {
@@ -184,12 +175,6 @@ impl From<Vec<u8>> for FramedBody {
     fn from(bytes: Vec<u8>) -> Self {
         Self::from_pieces([Bytes::from(bytes)])
     }
-}
-
-fn join(pieces: &[Bytes], len: usize) -> Bytes {
-    let mut out = Vec::with_capacity(len);
-    pieces.iter().for_each(|piece| out.extend_from_slice(piece));
-    out.into()
 }
 
 /// `pieces` with their first `head` bytes gathered into a first piece of their own.
@@ -843,7 +828,6 @@ mod tests {
             }
             let body = FramedBody::from_pieces(pieces);
             prop_assert_eq!(body.len(), whole.len());
-            prop_assert_eq!(&body.to_bytes()[..], &whole[..]);
             prop_assert_eq!(AppendFrame::decode_body(&body), AppendFrame::decode(&whole));
             if let Ok(frame) = AppendFrame::decode_body(&body) {
                 let decoded: Vec<Vec<u8>> = frame.records().map(Cow::into_owned).collect();

@@ -370,15 +370,20 @@ pub fn accepts_binary_subscription(request: &Request<Incoming>) -> bool {
         })
 }
 
-/// The request body in one piece; see [`read_pieces`].
+/// The request body in one piece (joined, a copy, only if it came in several); see
+/// [`read_pieces`].
 async fn read_body(request: Request<Incoming>, limit: u64) -> Result<Bytes, ApiError> {
-    Ok(read_pieces(request, limit).await?.to_bytes())
+    let mut pieces = read_pieces(request, limit).await?;
+    Ok(match pieces.len() {
+        1 => pieces.pop().expect("one piece"),
+        _ => pieces.concat().into(),
+    })
 }
 
 /// The request body, in the pieces hyper read it in (never joined here), refused past
 /// the limit before it is held whole: from `Content-Length` at once, or as soon as the
 /// bytes read pass the limit.
-async fn read_pieces(request: Request<Incoming>, limit: u64) -> Result<FramedBody, ApiError> {
+async fn read_pieces(request: Request<Incoming>, limit: u64) -> Result<Vec<Bytes>, ApiError> {
     let too_large = |len: String| {
         ApiError::invalid(format!(
             "request body is {len} bytes, over the limit of {limit} bytes (--http-body-bytes-max)"
@@ -411,7 +416,7 @@ async fn read_pieces(request: Request<Incoming>, limit: u64) -> Result<FramedBod
             }
         }
     }
-    Ok(FramedBody::from_pieces(pieces))
+    Ok(pieces)
 }
 
 // ---- Operations -----------------------------------------------------------------------
@@ -528,13 +533,14 @@ async fn append(
     let binary = media_type(request.headers().get(header::CONTENT_TYPE)).as_deref()
         == Some(RECORDS_MEDIA_TYPE);
     let encoding = encoding(&request)?;
-    let body = read_pieces(request, shared.settings.body_bytes_max).await?;
     let append = if binary {
         // The framed batch goes to the engine as it came, in the pieces it was read in;
         // the engine validates it in place.
-        AppendRequest { framed: body, offered: None }
+        let pieces = read_pieces(request, shared.settings.body_bytes_max).await?;
+        AppendRequest { framed: FramedBody::from_pieces(pieces), offered: None }
     } else {
-        wire::append_request(&body.to_bytes(), encoding)?
+        let body = read_body(request, shared.settings.body_bytes_max).await?;
+        wire::append_request(&body, encoding)?
     };
     let ack = shared.client.append(bucket, key, append).await?;
     ok(&json!({
