@@ -224,14 +224,18 @@ pub struct Uploader {
     shared: Arc<Shared>,
 }
 
-/// Work beside the bundles: a ranged GET for a shard (of a transit slot to verify, when
-/// `verify_slot`), or one settled object's PUT.
+/// Work beside the bundles: a ranged GET for a shard (of transit slots to verify, when
+/// `slots` is given), or one settled object's PUT.
 enum Side {
     Read {
         key: Arc<str>,
         range: Range<u64>,
-        verify_slot: bool,
         reply: flume::Sender<Result<Bytes>>,
+    },
+    ReadSlots {
+        key: Arc<str>,
+        ranges: Vec<Range<u64>>,
+        reply: flume::Sender<Result<Vec<Bytes>>>,
     },
     PutSettled {
         key: String,
@@ -399,15 +403,23 @@ impl Uploader {
     /// stopping); `Internal` when the object or range is not there, which for a key
     /// taken from a ref means lost or corrupt history.
     pub async fn read(&self, key: Arc<str>, range: Range<u64>) -> Result<Bytes> {
-        self.side_request(|reply| Side::Read { key, range, verify_slot: false, reply }).await
+        self.side_request(|reply| Side::Read { key, range, reply }).await
     }
 
-    /// [`Uploader::read`] of one transit slot, verified ([`transit::Slot::parse`], CRC
-    /// included) on the uploader's core before it is returned: the settler's reads, whose
-    /// pass over every byte would otherwise be on the shard's core. A slot that fails is
-    /// a `Corrupt…` error.
-    pub async fn read_slot(&self, key: Arc<str>, range: Range<u64>) -> Result<Bytes> {
-        self.side_request(|reply| Side::Read { key, range, verify_slot: true, reply }).await
+    /// Transit slots lying back to back in one object (`ranges`, each starting where the
+    /// one before ends), read with one ranged GET and each verified
+    /// ([`transit::Slot::parse`], CRC included) on the uploader's core: the settler's
+    /// reads, whose pass over every byte would otherwise be on the shard's core, in as
+    /// few requests as the slots' layout allows. A slot that fails is a `Corrupt…` error
+    /// for the whole read.
+    pub async fn read_slots(&self, key: Arc<str>, ranges: Vec<Range<u64>>) -> Result<Vec<Bytes>> {
+        let back_to_back = ranges.windows(2).all(|pair| pair[0].end == pair[1].start);
+        if ranges.is_empty() || !back_to_back {
+            return Err(Error::internal(format!(
+                "slot reads of {key} must be back to back and at least one: {ranges:?}"
+            )));
+        }
+        self.side_request(|reply| Side::ReadSlots { key, ranges, reply }).await
     }
 
     /// Writes one settled object create-only under `key` (a full key), retried like a
@@ -422,6 +434,12 @@ impl Uploader {
         slots: Vec<Bytes>,
     ) -> Result<()> {
         self.side_request(|reply| Side::PutSettled { key, layout, slots, reply }).await
+    }
+
+    /// How many ranged GETs and settled PUTs the uploader runs at once
+    /// (`object-reads-in-flight-max`).
+    pub fn reads_in_flight_max(&self) -> usize {
+        self.side.capacity().unwrap_or(1)
     }
 
     async fn side_request<T>(
@@ -619,15 +637,24 @@ impl Engine {
         let shared = Arc::clone(&self.shared);
         self.side_in_flight.spawn(async move {
             match side {
-                Side::Read { key, range, verify_slot, reply } => {
-                    let answer = read_range(&*store, &key, range).await.and_then(|bytes| {
-                        if verify_slot {
-                            transit::Slot::parse(&bytes)?;
-                        }
-                        Ok(bytes)
-                    });
+                Side::Read { key, range, reply } => {
+                    let answer = read_range(&*store, &key, range).await;
                     shared.counters.object_reads.fetch_add(1, Ordering::Relaxed);
                     // The reader may have given up waiting.
+                    let _ = reply.send(answer);
+                }
+                Side::ReadSlots { key, ranges, reply } => {
+                    let (start, end) = (ranges[0].start, ranges[ranges.len() - 1].end);
+                    let answer = read_range(&*store, &key, start..end).await.and_then(|bytes| {
+                        let slot = |range: &Range<u64>| {
+                            let at = (range.start - start) as usize..(range.end - start) as usize;
+                            let slot = bytes.slice(at);
+                            transit::Slot::parse(&slot)?;
+                            Ok(slot)
+                        };
+                        ranges.iter().map(slot).collect()
+                    });
+                    shared.counters.object_reads.fetch_add(1, Ordering::Relaxed);
                     let _ = reply.send(answer);
                 }
                 Side::PutSettled { key, layout, slots, reply } => {

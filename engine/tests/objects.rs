@@ -505,6 +505,48 @@ fn settling_moves_history_into_per_stream_objects_s3() {
     settling_moves_history_into_per_stream_objects(s3());
 }
 
+/// Every run that is due settles at the next tick, not one run per stream per tick: a
+/// stream that gathers many targets' worth between two ticks (a busy stream, with the
+/// default 32 MiB target and 1 s interval, anything above 32 MiB/s) would otherwise keep
+/// more transit history at every tick, without end.
+#[test]
+fn a_stream_gathering_many_targets_between_ticks_settles_them_all_at_the_next() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let backend = local(dir.path());
+    let mut config = node_config(dir.path(), &backend);
+    let interval = Duration::from_millis(1500);
+    config.shard.settle.target_bytes = 8 << 10;
+    config.shard.settle.age = Duration::from_secs(3600); // only full runs are due
+    config.shard.settle.interval = interval;
+    let node = start(config);
+    let client = node.client();
+    let bucket = make_bucket(&client, "settle-busy", StorageClass::Express, true);
+    // Ten appends of one 9 KiB record: ten chunks, each a full run of its own.
+    let count = 10u64;
+    for i in 0..count {
+        let body = vec![b'a' + i as u8; 9 << 10];
+        let ack = append_patiently(&client, &bucket, &key("k"), &[body]).expect("append");
+        assert_eq!(ack.start.seq_num, i);
+    }
+    let id = stream_id(&client, &bucket, &key("k"));
+    wait_until("every chunk in the object store", || refs_cover(&client, id, count));
+    let in_store = Instant::now();
+    wait_until("every chunk settled", || {
+        let refs = block_on(client.control().refs_of(id)).expect("refs");
+        refs.iter().all(|r| !r.object.starts_with("_transit/")) && refs_cover(&client, id, count)
+    });
+    // The next tick comes within one interval; one run per tick would take ten.
+    let took = in_store.elapsed();
+    assert!(took < 3 * interval, "settling ten due runs took {took:?}");
+    let stats = block_on(client.stats()).expect("stats");
+    assert_eq!(stats[0].settled_objects, count, "{stats:?}");
+    assert_eq!(stats[0].settle_failures, 0, "{stats:?}");
+    let bodies: Vec<Vec<u8>> = (0..count).map(|i| vec![b'a' + i as u8; 9 << 10]).collect();
+    assert_reads_back(&client, &bucket, &key("k"), &bodies);
+    drop(client);
+    node.stop();
+}
+
 // ---- The auditor -------------------------------------------------------------------------
 
 fn auditing(dir: &Path, backend: &Backend, grace: Duration) -> NodeConfig {

@@ -306,16 +306,28 @@ fn the_settlers_slot_reads_are_verified_and_its_objects_assembled_by_the_uploade
         let s = stream(2, 0);
         let sent: Sent = vec![(s, 0, 3, 100), (s, 3, 2, 5000)];
         let got = block_on(uploader.upload(chunks_of(&sent))).expect("uploaded");
-        let mut slots = Vec::new();
-        for placement in &got.placements {
-            let range = placement.range();
-            let slot = block_on(uploader.read_slot(Arc::clone(&placement.key), range.clone()))
-                .expect("an intact slot reads back");
-            let direct =
-                rt.block_on(store.get(&placement.key, ByteRange::Span(range))).expect("get");
-            assert_eq!(slot, direct);
-            slots.push(slot);
+        // Both chunks went in one bundle, back to back: one read returns both slots.
+        let key = &got.placements[0].key;
+        assert_eq!(&got.placements[1].key, key, "one bundle");
+        let ranges: Vec<_> = got.placements.iter().map(|p| p.range()).collect();
+        let slots = block_on(uploader.read_slots(Arc::clone(key), ranges.clone()))
+            .expect("intact slots read back");
+        assert_eq!(slots.len(), 2);
+        for (slot, range) in slots.iter().zip(&ranges) {
+            let direct = rt.block_on(store.get(key, ByteRange::Span(range.clone()))).expect("get");
+            assert_eq!(*slot, direct);
         }
+        let reads = uploader.stats().object_reads;
+        assert_eq!(
+            block_on(uploader.read_slots(Arc::clone(key), vec![ranges[1].clone()])).expect("one"),
+            slots[1..]
+        );
+        assert_eq!(uploader.stats().object_reads, reads + 1, "one GET per call");
+        // Ranges with a gap, or none, are refused before any read.
+        let gap = vec![ranges[0].start..ranges[0].end - 1, ranges[1].clone()];
+        let refused = block_on(uploader.read_slots(Arc::clone(key), gap));
+        assert!(matches!(refused, Err(engine::error::Error::Internal { .. })), "{refused:?}");
+        assert!(block_on(uploader.read_slots(Arc::clone(key), vec![])).is_err());
 
         // One byte of the second slot's records flipped, in a copy of the bundle: a plain
         // read returns it as stored, a slot read refuses it.
@@ -328,7 +340,7 @@ fn the_settlers_slot_reads_are_verified_and_its_objects_assembled_by_the_uploade
             .expect("put");
         let plain = block_on(uploader.read(Arc::clone(&corrupt), range.clone())).expect("read");
         assert_ne!(plain, slots[1], "the copy differs");
-        let refused = block_on(uploader.read_slot(corrupt, range));
+        let refused = block_on(uploader.read_slots(corrupt, ranges));
         assert!(
             matches!(refused, Err(engine::error::Error::CorruptSlot(_))),
             "a corrupt slot must not read back as one: {refused:?}"

@@ -387,6 +387,18 @@ pub const SETTLE_INTERVAL_MS: Knob = Knob {
     reason: "a second is far below the settle age and target fill times, and the check is a walk over in-memory chunk lists",
 };
 
+/// Settles one shard runs at once.
+pub const SETTLES_IN_FLIGHT_MAX: Knob = Knob {
+    flag: "settles-in-flight-max",
+    env: "NOVA_SETTLES_IN_FLIGHT_MAX",
+    unit: Unit::Count,
+    default: 2,
+    min: 1,
+    max: 64,
+    help: "settled objects one shard builds at once (each holds up to twice settle-target-bytes in memory: its slots and the assembled object)",
+    reason: "a settle is a read of its slots, then a PUT, then a refs commit, one after the other; two in flight overlap one's reads with the other's PUT, which a single settle left idle (a busy stream's history then piles up in transit bundles: measured on the local store at 200+ MiB/s)",
+};
+
 /// How often each shard applies its streams' age retention.
 pub const RETENTION_INTERVAL_MS: Knob = Knob {
     flag: "retention-interval-ms",
@@ -539,6 +551,7 @@ pub const KNOBS: &[Knob] = &[
     SETTLE_TARGET_BYTES,
     SETTLE_AGE_MS,
     SETTLE_INTERVAL_MS,
+    SETTLES_IN_FLIGHT_MAX,
     RETENTION_INTERVAL_MS,
     AUDITOR_READ_GRACE_MS,
     AUDITOR_INTERVAL_MS,

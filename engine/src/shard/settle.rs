@@ -2,12 +2,15 @@
 //! per-stream settled objects (`settled.rs`), so that a stream's history becomes a few
 //! large objects of its own, and the bundles (shared by many streams) can be reclaimed.
 //!
-//! For one stream, a settle takes the run of durable chunks that starts at its first
-//! chunk still in a transit bundle and continues, contiguous, through chunks in transit
-//! bundles, up to the target size (`settle-target-bytes`). It settles the run once it
-//! reaches the target, or once its oldest bundle is `settle-age-ms` old. Then:
+//! A stream's durable chunks in transit bundles are cut into runs: contiguous chunks, each
+//! run up to the target size (`settle-target-bytes`). A run is settled once it reaches
+//! the target, or once its oldest bundle is `settle-age-ms` old. At every tick
+//! (`settle-interval-ms`) every due run of every stream is settled, up to
+//! `settles-in-flight-max` at once (runs are disjoint, so they settle independently).
+//! Each settle:
 //!
-//! 1. each chunk's slot is fetched with one ranged GET and verified;
+//! 1. its chunks' slots are fetched, one ranged GET for each stretch of slots back to
+//!    back in one bundle, and verified;
 //! 2. the slots, unchanged, are laid out in one settled object, PUT create-only under
 //!    `<bucket>/<stream ID>/<first seq_num>` and retried until durable. The shard only
 //!    plans: the verification (1) and the object's assembly (2), each a pass over every
@@ -27,6 +30,8 @@
 //! a stream's records or numbering, or an error that stops the shard (a failed settle is
 //! counted and tried again at the next tick).
 
+use std::collections::VecDeque;
+use std::ops::Range;
 use std::rc::Rc;
 use std::sync::Arc;
 use std::time::Duration;
@@ -45,6 +50,8 @@ pub struct SettleConfig {
     pub target_bytes: u64,
     pub age: Duration,
     pub interval: Duration,
+    /// Settles one shard runs at once (`settles-in-flight-max`).
+    pub in_flight_max: usize,
 }
 
 impl Default for SettleConfig {
@@ -53,6 +60,7 @@ impl Default for SettleConfig {
             target_bytes: tuning::SETTLE_TARGET_BYTES.default,
             age: Duration::from_millis(tuning::SETTLE_AGE_MS.default),
             interval: Duration::from_millis(tuning::SETTLE_INTERVAL_MS.default),
+            in_flight_max: usize::try_from(tuning::SETTLES_IN_FLIGHT_MAX.default).unwrap_or(1),
         }
     }
 }
@@ -67,46 +75,95 @@ struct Settling {
 impl Shard {
     /// The settling duty. Runs until the shard closes.
     pub(crate) async fn settler(self: Rc<Self>) {
+        let window = self.config.settle.in_flight_max.max(1);
         loop {
             glommio::timer::sleep(self.config.settle.interval).await;
             if self.closing.get() || self.failed.borrow().is_some() {
                 return;
             }
-            let slots: Vec<Rc<Slot>> = self.streams.borrow().values().cloned().collect();
-            for slot in slots {
-                let Some(run) = self.run_to_settle(&slot) else { continue };
-                match self.settle_run(&slot, run).await {
-                    Ok(()) => self.count(|s| s.settled_objects += 1),
-                    Err(_) => self.count(|s| s.settle_failures += 1),
+            // Every due run is settled before the next tick, `settles-in-flight-max` at a
+            // time: one run per stream per tick let a stream ingesting more than
+            // settle-target-bytes a tick (32 MiB/s) pile up transit bundles without end.
+            // Runs planned together are disjoint, so they settle independently; a stream
+            // is planned again only after one of its settles succeeded, so a failing one
+            // waits for the next tick.
+            let mut streams: Vec<Rc<Slot>> = self.streams.borrow().values().cloned().collect();
+            while !streams.is_empty() {
+                let mut due: VecDeque<(Rc<Slot>, Vec<Settling>)> = streams
+                    .iter()
+                    .flat_map(|slot| {
+                        self.runs_to_settle(slot).into_iter().map(|run| (Rc::clone(slot), run))
+                    })
+                    .collect();
+                let mut settling = VecDeque::with_capacity(window);
+                let mut progressed: Vec<Rc<Slot>> = Vec::new();
+                loop {
+                    while settling.len() < window
+                        && let Some((slot, run)) = due.pop_front()
+                    {
+                        let shard = Rc::clone(&self);
+                        let stream = Rc::clone(&slot);
+                        let task =
+                            glommio::spawn_local(
+                                async move { shard.settle_run(&stream, run).await },
+                            );
+                        settling.push_back((slot, task));
+                    }
+                    let Some((slot, task)) = settling.pop_front() else { break };
+                    match task.await {
+                        Ok(()) => {
+                            self.count(|s| s.settled_objects += 1);
+                            if !progressed.iter().any(|s| Rc::ptr_eq(s, &slot)) {
+                                progressed.push(slot);
+                            }
+                        }
+                        Err(_) => self.count(|s| s.settle_failures += 1),
+                    }
+                    if self.closing.get() {
+                        due.clear(); // those in flight finish first
+                    }
                 }
                 if self.closing.get() {
                     return;
                 }
+                streams = progressed;
             }
         }
     }
 
-    /// The stream's run of transit chunks to settle now, if there is one.
-    fn run_to_settle(&self, slot: &Slot) -> Option<Vec<Settling>> {
+    /// The stream's runs of transit chunks to settle now, oldest first: each as long as
+    /// the target (the last one, or one cut short by chunks settled already, shorter:
+    /// due only once its oldest bundle is `settle-age-ms` old).
+    fn runs_to_settle(&self, slot: &Slot) -> Vec<Vec<Settling>> {
         let leader = slot.leader.borrow();
+        let mut runs = Vec::new();
         if leader.is_deleted() {
-            return None;
+            return runs;
         }
+        let target = self.config.settle.target_bytes;
+        let age = u64::try_from(self.config.settle.age.as_millis()).unwrap_or(u64::MAX);
+        let now = self.now_ms();
         let mut run = Vec::new();
         let (mut bytes, mut oldest) = (0u64, u64::MAX);
+        let mut close = |run: &mut Vec<Settling>, bytes: &mut u64, oldest: &mut u64| {
+            if !run.is_empty() && (*bytes >= target || now.saturating_sub(*oldest) >= age) {
+                runs.push(std::mem::take(run));
+            }
+            run.clear();
+            (*bytes, *oldest) = (0, u64::MAX);
+        };
         for chunk in leader.durable_chunks() {
             let in_transit = match &chunk.location {
                 Stored::Object(object) => TransitKey::parse(&object.key).ok().map(|k| (object, k)),
                 Stored::Journal(_) => None,
             };
             let Some((object, key)) = in_transit else {
-                if run.is_empty() {
-                    continue; // settled already: the run starts further on
-                }
-                break;
+                // Settled already (or not in the store yet): a run never spans it.
+                close(&mut run, &mut bytes, &mut oldest);
+                continue;
             };
-            if bytes >= self.config.settle.target_bytes {
-                break;
+            if bytes >= target {
+                close(&mut run, &mut bytes, &mut oldest);
             }
             bytes += object.length;
             oldest = oldest.min(key.written_at_ms);
@@ -116,10 +173,8 @@ impl Shard {
                 slot: Rc::clone(object),
             });
         }
-        let age = u64::try_from(self.config.settle.age.as_millis()).unwrap_or(u64::MAX);
-        let due =
-            bytes >= self.config.settle.target_bytes || self.now_ms().saturating_sub(oldest) >= age;
-        (!run.is_empty() && due).then_some(run)
+        close(&mut run, &mut bytes, &mut oldest);
+        runs
     }
 
     /// Settles one run: fetch, lay out, PUT, rewrite refs, relocate.
@@ -127,10 +182,40 @@ impl Shard {
         let id = slot.leader.borrow().id();
         let bucket = BucketName::parse(&slot.bucket)
             .map_err(|e| Error::internal(format!("stream's bucket {:?}: {e}", slot.bucket)))?;
-        let mut slots = Vec::with_capacity(run.len());
+        // Slots that lie back to back in one object (a stream's chunks of one bundle)
+        // come in one ranged GET, and the GETs overlap: the settles in flight together
+        // take half the uploader's reads at most, so readers of history keep room. A
+        // settle over a remote store then takes a few round trips, not one per chunk.
+        let mut gets: Vec<(Arc<str>, Vec<Range<u64>>)> = Vec::new();
         for chunk in &run {
             let range = chunk.slot.offset..chunk.slot.offset + chunk.slot.length;
-            slots.push(self.uploader.read_slot(Arc::clone(&chunk.slot.key), range).await?);
+            match gets.last_mut() {
+                Some((key, ranges))
+                    if *key == chunk.slot.key
+                        && ranges.last().map(|r| r.end) == Some(range.start) =>
+                {
+                    ranges.push(range);
+                }
+                _ => gets.push((Arc::clone(&chunk.slot.key), vec![range])),
+            }
+        }
+        let settles = self.config.settle.in_flight_max.max(1);
+        let window = (self.uploader.reads_in_flight_max() / 2 / settles).max(1);
+        let mut reads = VecDeque::with_capacity(window);
+        let mut gets = gets.into_iter();
+        let mut slots = Vec::with_capacity(run.len());
+        loop {
+            while reads.len() < window
+                && let Some((key, ranges)) = gets.next()
+            {
+                let uploader = self.uploader.clone();
+                reads.push_back(glommio::spawn_local(async move {
+                    uploader.read_slots(key, ranges).await
+                }));
+            }
+            // Dropping the rest on an error cancels them.
+            let Some(read) = reads.pop_front() else { break };
+            slots.extend(read.await?);
         }
         let mut builder = SettledBuilder::new(id, run[0].first_seq_num);
         for bytes in &slots {
