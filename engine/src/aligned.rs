@@ -137,7 +137,7 @@ impl Drop for AlignedBuf {
 const CLASS_STEPS: usize = 8;
 
 /// The bytes of freed buffers kept for reuse, process-wide (`buffer-pool-bytes`).
-static POOL_BYTES_MAX: AtomicUsize = AtomicUsize::new(64 << 20);
+static POOL_BYTES_MAX: AtomicUsize = AtomicUsize::new(tuning::BUFFER_POOL_BYTES.default as usize);
 
 struct Pool {
     held: usize,

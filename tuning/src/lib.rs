@@ -128,11 +128,11 @@ pub const BUFFER_POOL_BYTES: Knob = Knob {
     flag: "buffer-pool-bytes",
     env: "NOVA_BUFFER_POOL_BYTES",
     unit: Unit::Bytes,
-    default: 64 << 20,
+    default: 256 << 20,
     min: 0,
     max: 1 << 40,
-    help: "bytes of freed chunk buffers (upload copies, standard chunks) the process keeps to hand out again instead of allocating; 0 frees every buffer at once",
-    reason: "a fresh buffer's first write faults once per 4 KiB page, a fifth of the shard's time under express appends (perf); 64 MiB covers the buffers in flight at disk speed and is small next to the shard memory budget",
+    help: "bytes of freed 4 KiB-aligned buffers (standard chunks, bundle and settled object bodies) the process keeps to hand out again instead of allocating; 0 frees every buffer at once",
+    reason: "a fresh buffer's first write faults once per 4 KiB page (a fifth of the shard's time under express appends, perf); 256 MiB holds what is in flight at disk speed (8 bundles of 8 MiB, two settled objects of 32 MiB and more): at 64 MiB each settled body was allocated anew and the uploader took 95% of the process's page faults",
 };
 
 /// The buffer an express stream's open chunk starts with.
