@@ -271,8 +271,8 @@ fn kill9_leaves_every_object_whole() {
     assert!(acked.len() as u64 > OVERWRITTEN_KEYS, "the child got going: {acked:?}");
 }
 
-/// Large objects are written with O_DIRECT, padded and cut back to their length; on
-/// tmpfs too (which refuses O_DIRECT before Linux 6.6, where the buffered fallback runs).
+/// Large objects are written with O_DIRECT, padded and cut back to their length, and
+/// large ranges read with it; on tmpfs too (which refuses O_DIRECT before Linux 6.6, where the buffered fallback runs).
 /// Bodies that start 4 KiB-aligned are written from where they are (all but their last
 /// partial block, in pieces of `--local-store-write-bytes`), others staged. Byte for
 /// byte the same every way.
@@ -303,6 +303,22 @@ fn large_objects_round_trip_with_and_without_o_direct() {
                     assert_eq!(back.len(), *len, "{}: {key}", dir.display());
                     assert!(back[..] == body[..], "{}: {key} differs", dir.display());
                     assert_eq!(store.head(&key).await.expect("head"), Some(*len as u64));
+                    // Ranged reads from 64 KiB on go with O_DIRECT, over the blocks the
+                    // range touches: starts and ends on and off block bounds, to the end.
+                    let spans = [
+                        (0, *len),
+                        (1, *len),
+                        (4095, 4095 + 65_536),
+                        (4096, *len - 1),
+                        (len.saturating_sub(65_537), *len),
+                    ];
+                    for (start, end) in
+                        spans.into_iter().filter(|&(s, e)| s < e && e <= *len && e - s >= 65_536)
+                    {
+                        let range = ByteRange::Span(start as u64..end as u64);
+                        let back = store.get(&key, range).await.expect("ranged get");
+                        assert!(back[..] == body[start..end], "{key} {start}..{end} differs");
+                    }
                 }
             }
         });
