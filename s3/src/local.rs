@@ -341,7 +341,8 @@ impl Inner {
         let capacity = usize::try_from(len)
             .map_err(|_| Cause::TooLarge { size: len, max: usize::MAX as u64 })?;
         if capacity >= DIRECT_MIN_BYTES
-            && let Some(bytes) = read_direct(&file, span.clone()).map_err(Cause::Io)?
+            && let Some(bytes) =
+                read_direct(&file, span.clone(), self.write_bytes).map_err(Cause::Io)?
         {
             return Ok(bytes);
         }
@@ -580,8 +581,14 @@ impl Drop for Staging {
 /// landed: no page cache and no copy. A buffered read of history just written with
 /// O_DIRECT (a settle reading back a transit bundle) filled the page cache and copied out
 /// of it, the local store's largest CPU cost under a sustained express load (perf).
+/// The reads go one piece of at most `piece_bytes` (whole blocks) at a time, as writes
+/// do, so the disk's queue never holds much of one read ahead of the journal's writes.
 /// `None` where the file system refuses O_DIRECT (tmpfs before Linux 6.6).
-fn read_direct(file: &File, span: std::ops::Range<u64>) -> io::Result<Option<Bytes>> {
+fn read_direct(
+    file: &File,
+    span: std::ops::Range<u64>,
+    piece_bytes: usize,
+) -> io::Result<Option<Bytes>> {
     use std::os::fd::AsRawFd as _;
     let fd = file.as_raw_fd();
     // SAFETY: plain fcntl calls on a descriptor `file` keeps open.
@@ -600,15 +607,15 @@ fn read_direct(file: &File, span: std::ops::Range<u64>) -> io::Result<Option<Byt
     let skip = usize::try_from(span.start - first).map_err(too_large)?;
     let need = usize::try_from(span.end - first).map_err(too_large)?;
     let mut memory = DirectRead::new(usize::try_from(blocks_end - first).map_err(too_large)?);
+    let piece_bytes = (piece_bytes / DIRECT_ALIGN * DIRECT_ALIGN).max(DIRECT_ALIGN);
     while memory.filled < need {
         let at = memory.filled;
+        let ask = (memory.capacity - at).min(piece_bytes);
         let offset = libc::off_t::try_from(first + at as u64).map_err(io::Error::other)?;
-        // SAFETY: `at..capacity` lies within the allocation `memory` owns; the kernel
-        // writes at most `capacity - at` bytes there, and nothing reads them before
-        // `filled` says they were written.
-        let read = unsafe {
-            libc::pread(fd, memory.ptr.as_ptr().add(at).cast(), memory.capacity - at, offset)
-        };
+        // SAFETY: `at..at + ask` lies within the allocation `memory` owns (`ask` is at
+        // most `capacity - at`); the kernel writes at most `ask` bytes there, and
+        // nothing reads them before `filled` says they were written.
+        let read = unsafe { libc::pread(fd, memory.ptr.as_ptr().add(at).cast(), ask, offset) };
         match read {
             -1 if io::Error::last_os_error().kind() == io::ErrorKind::Interrupted => {}
             -1 => return Err(io::Error::last_os_error()),
