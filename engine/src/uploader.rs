@@ -224,8 +224,8 @@ pub struct Uploader {
     shared: Arc<Shared>,
 }
 
-/// Work beside the bundles: a ranged GET for a shard (of transit slots to verify, when
-/// `slots` is given), or one settled object's PUT.
+/// Work beside the bundles: a ranged GET for a shard, one of back-to-back transit slots
+/// to verify (the settler's), or one settled object's PUT.
 enum Side {
     Read {
         key: Arc<str>,
