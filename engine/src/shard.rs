@@ -107,6 +107,10 @@ impl ChunkSource for JournalRead {
     fn records(&self) -> crate::chunk::Records<'_> {
         JournalRead::records(self)
     }
+
+    fn chunk_bytes(&self) -> &[u8] {
+        self.bytes()
+    }
 }
 
 /// A chunk read back from the object store: its slot's bytes, verified.
@@ -124,7 +128,11 @@ impl ObjectChunk {
 
 impl ChunkSource for ObjectChunk {
     fn records(&self) -> crate::chunk::Records<'_> {
-        crate::chunk::verified_records(&self.slot[transit::SLOT_ENVELOPE_LEN..], &self.header)
+        crate::chunk::verified_records(self.chunk_bytes(), &self.header)
+    }
+
+    fn chunk_bytes(&self) -> &[u8] {
+        &self.slot[transit::SLOT_ENVELOPE_LEN..]
     }
 }
 
@@ -312,6 +320,10 @@ pub struct ShardStats {
     /// Settled objects written, and settles that failed (tried again later).
     pub settled_objects: u64,
     pub settle_failures: u64,
+    /// Chunks settled from the shard's cache, and chunks read back from the object store
+    /// to be settled.
+    pub settled_from_memory: u64,
+    pub settled_from_store: u64,
     /// Passes of the retention duty, and trims it made.
     pub retention_passes: u64,
     pub retention_trims: u64,

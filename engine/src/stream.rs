@@ -37,11 +37,17 @@ use crate::timestamp::{self, Offered};
 /// or one read back from storage.
 pub trait ChunkSource {
     fn records(&self) -> Records<'_>;
+    /// The whole chunk (header, records, directory) as stored.
+    fn chunk_bytes(&self) -> &[u8];
 }
 
 impl<B: ChunkStorage> ChunkSource for SealedChunk<B> {
     fn records(&self) -> Records<'_> {
         SealedChunk::records(self)
+    }
+
+    fn chunk_bytes(&self) -> &[u8] {
+        self.bytes()
     }
 }
 

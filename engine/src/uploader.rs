@@ -95,17 +95,22 @@ impl Default for UploaderConfig {
     }
 }
 
+/// The leader epoch every slot envelope carries until leases exist. One constant, so the
+/// settler can rebuild a cached chunk's slot byte for byte as the uploader wrote it.
+pub const LEADER_EPOCH: u64 = 0;
+
 /// One chunk to upload and the leader epoch its slot envelope carries.
 #[derive(Debug)]
 pub struct UploadChunk {
     pub body: ChunkBody,
-    /// The stream's leader epoch when the chunk was built (0 until leases exist).
+    /// The stream's leader epoch when the chunk was built ([`LEADER_EPOCH`] until leases
+    /// exist).
     pub leader_epoch: u64,
 }
 
 impl From<SealedChunk<AlignedBuf>> for UploadChunk {
     fn from(chunk: SealedChunk<AlignedBuf>) -> Self {
-        Self { body: ChunkBody::Owned(chunk), leader_epoch: 0 }
+        Self { body: ChunkBody::Owned(chunk), leader_epoch: LEADER_EPOCH }
     }
 }
 

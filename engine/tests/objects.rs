@@ -508,13 +508,15 @@ fn settling_moves_history_into_per_stream_objects_s3() {
 /// Every run that is due settles at the next tick, not one run per stream per tick: a
 /// stream that gathers many targets' worth between two ticks (a busy stream, with the
 /// default 32 MiB target and 1 s interval, anything above 32 MiB/s) would otherwise keep
-/// more transit history at every tick, without end.
-#[test]
-fn a_stream_gathering_many_targets_between_ticks_settles_them_all_at_the_next() {
+/// more transit history at every tick, without end. Chunks still cached are settled from
+/// memory, the others read back, and either way each settled slot is byte for byte its
+/// transit slot (so a retried settle finds its own object).
+fn a_busy_stream_settles_every_due_run_at_the_next_tick(memory_budget_bytes: u64) {
     let dir = tempfile::tempdir().expect("tempdir");
     let backend = local(dir.path());
     let mut config = node_config(dir.path(), &backend);
     let interval = Duration::from_millis(1500);
+    config.shard.memory_budget_bytes = memory_budget_bytes;
     config.shard.settle.target_bytes = 8 << 10;
     config.shard.settle.age = Duration::from_secs(3600); // only full runs are due
     config.shard.settle.interval = interval;
@@ -523,17 +525,23 @@ fn a_stream_gathering_many_targets_between_ticks_settles_them_all_at_the_next() 
     let bucket = make_bucket(&client, "settle-busy", StorageClass::Express, true);
     // Ten appends of one 9 KiB record: ten chunks, each a full run of its own.
     let count = 10u64;
-    for i in 0..count {
-        let body = vec![b'a' + i as u8; 9 << 10];
-        let ack = append_patiently(&client, &bucket, &key("k"), &[body]).expect("append");
-        assert_eq!(ack.start.seq_num, i);
+    let bodies: Vec<Vec<u8>> = (0..count).map(|i| vec![b'a' + i as u8; 9 << 10]).collect();
+    for (i, body) in bodies.iter().enumerate() {
+        let ack = append_patiently(&client, &bucket, &key("k"), std::slice::from_ref(body))
+            .expect("append");
+        assert_eq!(ack.start.seq_num, i as u64);
     }
     let id = stream_id(&client, &bucket, &key("k"));
-    wait_until("every chunk in the object store", || refs_cover(&client, id, count));
+    let mut in_transit = Vec::new();
+    wait_until("every chunk in the object store", || {
+        in_transit = block_on(client.control().refs_of(id)).expect("refs");
+        refs_cover(&client, id, count)
+    });
     let in_store = Instant::now();
+    let mut settled = Vec::new();
     wait_until("every chunk settled", || {
-        let refs = block_on(client.control().refs_of(id)).expect("refs");
-        refs.iter().all(|r| !r.object.starts_with("_transit/")) && refs_cover(&client, id, count)
+        settled = block_on(client.control().refs_of(id)).expect("refs");
+        settled.iter().all(|r| !r.object.starts_with("_transit/")) && refs_cover(&client, id, count)
     });
     // The next tick comes within one interval; one run per tick would take ten.
     let took = in_store.elapsed();
@@ -541,10 +549,48 @@ fn a_stream_gathering_many_targets_between_ticks_settles_them_all_at_the_next() 
     let stats = block_on(client.stats()).expect("stats");
     assert_eq!(stats[0].settled_objects, count, "{stats:?}");
     assert_eq!(stats[0].settle_failures, 0, "{stats:?}");
-    let bodies: Vec<Vec<u8>> = (0..count).map(|i| vec![b'a' + i as u8; 9 << 10]).collect();
+    assert_eq!(stats[0].settled_from_memory + stats[0].settled_from_store, count, "{stats:?}");
+    if memory_budget_bytes >= 1 << 20 {
+        assert_eq!(stats[0].settled_from_memory, count, "all cached: {stats:?}");
+    } else {
+        // The budget holds one 9 KiB chunk at most.
+        assert!(stats[0].settled_from_store >= count - 1, "read back: {stats:?}");
+    }
     assert_reads_back(&client, &bucket, &key("k"), &bodies);
     drop(client);
     node.stop();
+
+    // Each settled slot is its transit slot, byte for byte (the bundles outlive the
+    // settle by the read grace).
+    let store = open_store(&backend);
+    let runtime = tokio::runtime::Builder::new_current_thread().enable_all().build().expect("rt");
+    let get = |object: &str, offset: u64, length: u64| {
+        let range = s3::ByteRange::Span(offset..offset + length);
+        runtime.block_on(store.get(object, range)).expect("get")
+    };
+    let mut compared = 0;
+    for before in in_transit.iter().filter(|r| r.object.starts_with("_transit/")) {
+        let after = settled.iter().find(|r| r.first_seq_num == before.first_seq_num);
+        let after = after.expect("every chunk has a settled ref");
+        assert_eq!(after.length, before.length, "chunk {}", before.first_seq_num);
+        let (transit, settled) = (
+            get(&before.object, before.offset, before.length),
+            get(&after.object, after.offset, after.length),
+        );
+        assert!(transit == settled, "chunk {}: the settled slot differs", before.first_seq_num);
+        compared += 1;
+    }
+    assert!(compared > 0, "the chunks were seen in transit before they settled");
+}
+
+#[test]
+fn a_busy_stream_settles_every_due_run_at_the_next_tick_from_memory() {
+    a_busy_stream_settles_every_due_run_at_the_next_tick(1 << 30);
+}
+
+#[test]
+fn a_busy_stream_settles_every_due_run_at_the_next_tick_from_the_store() {
+    a_busy_stream_settles_every_due_run_at_the_next_tick(16 << 10);
 }
 
 // ---- The auditor -------------------------------------------------------------------------

@@ -121,7 +121,7 @@ impl Metrics {
         for (shard, _, _, in_flight) in &connections {
             let _ = writeln!(out, "nova_http_requests_in_flight{{shard=\"{shard}\"}} {in_flight}");
         }
-        let engine_counters: [(EngineCounter, &str); 12] = [
+        let engine_counters: [(EngineCounter, &str); 14] = [
             (
                 ("nova_shard_groups_total", "journal group commits written", ShardStats::groups),
                 "counter",
@@ -175,6 +175,22 @@ impl Metrics {
                 ("nova_settle_failures_total", "settles that failed (retried)", |s| {
                     s.settle_failures
                 }),
+                "counter",
+            ),
+            (
+                (
+                    "nova_settled_from_memory_chunks_total",
+                    "chunks settled from the shard's cache, not read back",
+                    |s| s.settled_from_memory,
+                ),
+                "counter",
+            ),
+            (
+                (
+                    "nova_settled_from_store_chunks_total",
+                    "chunks read back from the object store to be settled",
+                    |s| s.settled_from_store,
+                ),
                 "counter",
             ),
             (

@@ -36,11 +36,15 @@ use std::rc::Rc;
 use std::sync::Arc;
 use std::time::Duration;
 
+use s3::Bytes;
+
 use crate::control::RefRow;
 use crate::error::{Error, Result};
 use crate::names::BucketName;
 use crate::settled::SettledBuilder;
-use crate::transit::TransitKey;
+use crate::stream::ChunkSource;
+use crate::transit::{SLOT_ENVELOPE_LEN, SlotEnvelope, TransitKey};
+use crate::uploader::LEADER_EPOCH;
 
 use super::{ObjectSlot, Shard, Slot, Stored};
 
@@ -65,11 +69,13 @@ impl Default for SettleConfig {
     }
 }
 
-/// One chunk of a run to settle: where its slot is now.
+/// One chunk of a run to settle: where its slot is now, and its bytes if the shard still
+/// has them in memory.
 struct Settling {
     first_seq_num: u64,
     data_len: u32,
     slot: Rc<ObjectSlot>,
+    cached: Option<Rc<dyn ChunkSource>>,
 }
 
 impl Shard {
@@ -171,6 +177,7 @@ impl Shard {
                 first_seq_num: chunk.first_seq_num,
                 data_len: chunk.data_len,
                 slot: Rc::clone(object),
+                cached: chunk.cached.clone(),
             });
         }
         close(&mut run, &mut bytes, &mut oldest);
@@ -182,12 +189,15 @@ impl Shard {
         let id = slot.leader.borrow().id();
         let bucket = BucketName::parse(&slot.bucket)
             .map_err(|e| Error::internal(format!("stream's bucket {:?}: {e}", slot.bucket)))?;
-        // Slots that lie back to back in one object (a stream's chunks of one bundle)
-        // come in one ranged GET, and the GETs overlap: the settles in flight together
-        // take half the uploader's reads at most, so readers of history keep room. A
-        // settle over a remote store then takes a few round trips, not one per chunk.
+        // A chunk still in the shard's cache is not read back: its slot is rebuilt from
+        // memory, the envelope exactly as the uploader wrote it (same function, same
+        // leader epoch), so the settled object is the same bytes either way and a
+        // retried settle finds its own object. The others are fetched: slots that lie
+        // back to back in one object (a stream's chunks of one bundle) in one ranged
+        // GET, the GETs overlapping, the settles in flight together taking half the
+        // uploader's reads at most so that readers of history keep room.
         let mut gets: Vec<(Arc<str>, Vec<Range<u64>>)> = Vec::new();
-        for chunk in &run {
+        for chunk in run.iter().filter(|chunk| chunk.cached.is_none()) {
             let range = chunk.slot.offset..chunk.slot.offset + chunk.slot.length;
             match gets.last_mut() {
                 Some((key, ranges))
@@ -203,7 +213,7 @@ impl Shard {
         let window = (self.uploader.reads_in_flight_max() / 2 / settles).max(1);
         let mut reads = VecDeque::with_capacity(window);
         let mut gets = gets.into_iter();
-        let mut slots = Vec::with_capacity(run.len());
+        let mut fetched = VecDeque::new();
         loop {
             while reads.len() < window
                 && let Some((key, ranges)) = gets.next()
@@ -215,8 +225,30 @@ impl Shard {
             }
             // Dropping the rest on an error cancels them.
             let Some(read) = reads.pop_front() else { break };
-            slots.extend(read.await?);
+            fetched.extend(read.await?);
         }
+        let from_store = fetched.len() as u64;
+        let mut slots = Vec::with_capacity(run.len());
+        for chunk in &run {
+            let slot = match &chunk.cached {
+                Some(cached) => slot_of(cached.chunk_bytes())?,
+                None => fetched.pop_front().expect("one fetched slot per chunk not cached"),
+            };
+            if slot.len() as u64 != chunk.slot.length {
+                return Err(Error::internal(format!(
+                    "settling stream {id}: chunk {} is {} bytes in memory, {} in {}",
+                    chunk.first_seq_num,
+                    slot.len(),
+                    chunk.slot.length,
+                    chunk.slot.key
+                )));
+            }
+            slots.push(slot);
+        }
+        self.count(|s| {
+            s.settled_from_store += from_store;
+            s.settled_from_memory += run.len() as u64 - from_store;
+        });
         let mut builder = SettledBuilder::new(id, run[0].first_seq_num);
         for bytes in &slots {
             builder.push(bytes).map_err(|refused| {
@@ -255,4 +287,13 @@ impl Shard {
         }
         Ok(())
     }
+}
+
+/// A cached chunk's transit slot, enveloped as the uploader envelops it, in aligned
+/// memory from the buffer pool.
+fn slot_of(chunk: &[u8]) -> Result<Bytes> {
+    let mut envelope = [0; SLOT_ENVELOPE_LEN];
+    SlotEnvelope::write(&mut envelope, chunk, LEADER_EPOCH)
+        .map_err(|e| Error::internal(format!("a cached chunk cannot be enveloped: {e}")))?;
+    Ok(crate::aligned::bytes_of(&[&envelope, chunk]))
 }

@@ -345,7 +345,9 @@ async fn run(
     };
     let mut rewrites = 0;
     loop {
-        let requests = chunks.into_iter().map(|body| UploadChunk { body, leader_epoch: 0 });
+        let requests = chunks
+            .into_iter()
+            .map(|body| UploadChunk { body, leader_epoch: crate::uploader::LEADER_EPOCH });
         let uploaded = uploader.upload(requests.collect()).await?;
         let refs: Vec<RefRow> = uploaded
             .placements
