@@ -110,27 +110,6 @@ fn append_each(client: &Client, bucket: &BucketName, key: &StreamKey, bodies: &[
     }
 }
 
-/// Appends `pair`, honouring backpressure as a client must: a refusal that says when to
-/// retry (a full memory budget, while uploads catch up) is retried after that long. Such
-/// a refusal comes before the batch takes numbers, so a retry never duplicates it.
-fn append_patiently(
-    client: &Client,
-    bucket: &BucketName,
-    key: &StreamKey,
-    pair: &[Vec<u8>],
-) -> engine::error::Result<engine::shard::AppendAck> {
-    let deadline = Instant::now() + WAIT_MAX;
-    loop {
-        match block_on(client.append(bucket, key, batch(pair, AppendConditions::default()))) {
-            Err(error) if Instant::now() < deadline => match error.retry_after_ms() {
-                Some(ms) => thread::sleep(Duration::from_millis(ms)),
-                None => return Err(error),
-            },
-            result => return result,
-        }
-    }
-}
-
 fn assert_reads_back(client: &Client, bucket: &BucketName, key: &StreamKey, bodies: &[Vec<u8>]) {
     let all = read_all(client, bucket, key);
     let seqs: Vec<u64> = all.iter().map(|r| r.0).collect();

@@ -71,6 +71,15 @@ impl Default for SettleConfig {
     }
 }
 
+/// A run being gathered: its chunks, their slots' bytes in the store, and the write time
+/// of its oldest bundle.
+#[derive(Default)]
+struct Run {
+    chunks: Vec<Settling>,
+    bytes: u64,
+    oldest_ms: Option<u64>,
+}
+
 /// One chunk of a run to settle: where its slot is now, and its bytes if the shard still
 /// has them in memory.
 struct Settling {
@@ -97,28 +106,22 @@ impl Shard {
             // waits for the next tick.
             let mut streams: Vec<Rc<Slot>> = self.streams.borrow().values().cloned().collect();
             while !streams.is_empty() {
-                let mut due: VecDeque<(Rc<Slot>, Vec<Settling>)> = streams
+                let due: Vec<(Rc<Slot>, Vec<Settling>)> = streams
                     .iter()
                     .flat_map(|slot| {
                         self.runs_to_settle(slot).into_iter().map(|run| (Rc::clone(slot), run))
                     })
                     .collect();
-                let mut settling = VecDeque::with_capacity(window);
-                let mut progressed: Vec<Rc<Slot>> = Vec::new();
-                loop {
-                    while settling.len() < window
-                        && let Some((slot, run)) = due.pop_front()
-                    {
-                        let shard = Rc::clone(&self);
-                        let stream = Rc::clone(&slot);
-                        let task =
-                            glommio::spawn_local(
-                                async move { shard.settle_run(&stream, run).await },
-                            );
-                        settling.push_back((slot, task));
+                let settles = due.into_iter().map(|(slot, run)| {
+                    let shard = Rc::clone(&self);
+                    async move {
+                        let settled = shard.settle_run(&slot, run).await;
+                        (slot, settled)
                     }
-                    let Some((slot, task)) = settling.pop_front() else { break };
-                    match task.await {
+                });
+                let mut progressed: Vec<Rc<Slot>> = Vec::new();
+                in_order(window, settles, |(slot, settled)| {
+                    match settled {
                         Ok(()) => {
                             self.count(|s| s.settled_objects += 1);
                             if !progressed.iter().any(|s| Rc::ptr_eq(s, &slot)) {
@@ -127,10 +130,10 @@ impl Shard {
                         }
                         Err(_) => self.count(|s| s.settle_failures += 1),
                     }
-                    if self.closing.get() {
-                        due.clear(); // those in flight finish first
-                    }
-                }
+                    // Closing: those in flight finish, no more start.
+                    !self.closing.get()
+                })
+                .await;
                 if self.closing.get() {
                     return;
                 }
@@ -151,15 +154,14 @@ impl Shard {
         let target = self.config.settle.target_bytes;
         let age = u64::try_from(self.config.settle.age.as_millis()).unwrap_or(u64::MAX);
         let now = self.now_ms();
-        let mut run = Vec::new();
-        let (mut bytes, mut oldest) = (0u64, u64::MAX);
-        let mut close = |run: &mut Vec<Settling>, bytes: &mut u64, oldest: &mut u64| {
-            if !run.is_empty() && (*bytes >= target || now.saturating_sub(*oldest) >= age) {
-                runs.push(std::mem::take(run));
+        let mut close = |run: &mut Run| {
+            let run = std::mem::take(run);
+            let old = run.oldest_ms.is_some_and(|oldest| now.saturating_sub(oldest) >= age);
+            if !run.chunks.is_empty() && (run.bytes >= target || old) {
+                runs.push(run.chunks);
             }
-            run.clear();
-            (*bytes, *oldest) = (0, u64::MAX);
         };
+        let mut run = Run::default();
         for chunk in leader.durable_chunks() {
             let in_transit = match &chunk.location {
                 Stored::Object(object) => TransitKey::parse(&object.key).ok().map(|k| (object, k)),
@@ -167,22 +169,23 @@ impl Shard {
             };
             let Some((object, key)) = in_transit else {
                 // Settled already (or not in the store yet): a run never spans it.
-                close(&mut run, &mut bytes, &mut oldest);
+                close(&mut run);
                 continue;
             };
-            if bytes >= target {
-                close(&mut run, &mut bytes, &mut oldest);
+            if run.bytes >= target {
+                close(&mut run);
             }
-            bytes += object.length;
-            oldest = oldest.min(key.written_at_ms);
-            run.push(Settling {
+            run.bytes += object.length;
+            run.oldest_ms =
+                Some(run.oldest_ms.map_or(key.written_at_ms, |t| t.min(key.written_at_ms)));
+            run.chunks.push(Settling {
                 first_seq_num: chunk.first_seq_num,
                 data_len: chunk.data_len,
                 slot: Rc::clone(object),
                 cached: chunk.cached.clone(),
             });
         }
-        close(&mut run, &mut bytes, &mut oldest);
+        close(&mut run);
         runs
     }
 
@@ -213,39 +216,44 @@ impl Shard {
         }
         let settles = self.config.settle.in_flight_max.max(1);
         let window = (self.uploader.reads_in_flight_max() / 2 / settles).max(1);
-        let mut reads = VecDeque::with_capacity(window);
-        let mut gets = gets.into_iter();
-        let mut fetched = VecDeque::new();
-        loop {
-            while reads.len() < window
-                && let Some((key, ranges)) = gets.next()
-            {
-                let uploader = self.uploader.clone();
-                reads.push_back(glommio::spawn_local(async move {
-                    uploader.read_slots(key, ranges).await
-                }));
+        let reads = gets.into_iter().map(|(key, ranges)| {
+            let uploader = self.uploader.clone();
+            async move { uploader.read_slots(key, ranges).await }
+        });
+        let (mut fetched, mut failed) = (VecDeque::new(), None);
+        in_order(window, reads, |read| match read {
+            Ok(slots) => {
+                fetched.extend(slots);
+                true
             }
-            // Dropping the rest on an error cancels them.
-            let Some(read) = reads.pop_front() else { break };
-            fetched.extend(read.await?);
+            Err(error) => {
+                failed = Some(error);
+                false
+            }
+        })
+        .await;
+        if let Some(error) = failed {
+            return Err(error);
         }
         let from_store = fetched.len() as u64;
         let mut slots = Vec::with_capacity(run.len());
         for chunk in &run {
-            let slot = match &chunk.cached {
-                Some(cached) => slot_of(cached.chunk_bytes())?,
+            slots.push(match &chunk.cached {
+                Some(cached) => {
+                    let slot = slot_of(cached.chunk_bytes())?;
+                    if slot.len() as u64 != chunk.slot.length {
+                        return Err(Error::internal(format!(
+                            "settling stream {id}: chunk {}'s slot is {} bytes, {} in {}",
+                            chunk.first_seq_num,
+                            slot.len(),
+                            chunk.slot.length,
+                            chunk.slot.key
+                        )));
+                    }
+                    slot
+                }
                 None => fetched.pop_front().expect("one fetched slot per chunk not cached"),
-            };
-            if slot.len() as u64 != chunk.slot.length {
-                return Err(Error::internal(format!(
-                    "settling stream {id}: chunk {} is {} bytes in memory, {} in {}",
-                    chunk.first_seq_num,
-                    slot.len(),
-                    chunk.slot.length,
-                    chunk.slot.key
-                )));
-            }
-            slots.push(slot);
+            });
         }
         self.count(|s| {
             s.settled_from_store += from_store;
@@ -298,4 +306,73 @@ fn slot_of(chunk: &[u8]) -> Result<Bytes> {
     SlotEnvelope::write(&mut envelope, chunk, LEADER_EPOCH)
         .map_err(|e| Error::internal(format!("a cached chunk cannot be enveloped: {e}")))?;
     Ok(crate::aligned::bytes_of(&[&envelope, chunk]))
+}
+
+/// Runs `jobs` as tasks on this executor, at most `window` at once, and hands their
+/// outputs to `each` in the order the jobs came. Once `each` returns false no further job
+/// starts; those already running are awaited and handed over, never cancelled.
+async fn in_order<T: 'static>(
+    window: usize,
+    jobs: impl IntoIterator<Item = impl Future<Output = T> + 'static>,
+    mut each: impl FnMut(T) -> bool,
+) {
+    let mut jobs = jobs.into_iter();
+    let mut running = VecDeque::with_capacity(window);
+    let mut starting = true;
+    loop {
+        while starting
+            && running.len() < window.max(1)
+            && let Some(job) = jobs.next()
+        {
+            running.push_back(glommio::spawn_local(job));
+        }
+        let Some(task) = running.pop_front() else { return };
+        starting &= each(task.await);
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use std::cell::{Cell, RefCell};
+    use std::time::Duration;
+
+    use glommio::{LocalExecutorBuilder, Placement};
+
+    use super::*;
+
+    /// Outputs come in the jobs' order however the jobs finish; no more than `window` run
+    /// at once; once `each` says stop, nothing new starts and what runs is handed over.
+    #[test]
+    fn in_order_keeps_the_order_the_window_and_the_stop() {
+        let executor = LocalExecutorBuilder::new(Placement::Unbound).make().expect("executor");
+        executor.run(async {
+            let (running, most) = (Rc::new(Cell::new(0)), Rc::new(Cell::new(0)));
+            let started = Rc::new(RefCell::new(Vec::new()));
+            let jobs = (0..10u64).map(|i| {
+                let (running, most, started) =
+                    (Rc::clone(&running), Rc::clone(&most), Rc::clone(&started));
+                async move {
+                    started.borrow_mut().push(i);
+                    running.set(running.get() + 1);
+                    most.set(most.get().max(running.get()));
+                    // Later jobs finish first.
+                    glommio::timer::sleep(Duration::from_millis(10 - i)).await;
+                    running.set(running.get() - 1);
+                    i
+                }
+            });
+            let mut seen = Vec::new();
+            in_order(3, jobs, |i| {
+                seen.push(i);
+                i < 4
+            })
+            .await;
+            // Stopped at 4: each handover had started the next job, so 0..=6 had started
+            // (5 and 6 still running, then handed over too); 7.. never did.
+            assert_eq!(seen, (0..=6).collect::<Vec<_>>());
+            assert_eq!(*started.borrow(), (0..=6).collect::<Vec<_>>());
+            assert_eq!(most.get(), 3, "at most the window at once");
+            assert_eq!(running.get(), 0, "everything started was awaited");
+        });
+    }
 }

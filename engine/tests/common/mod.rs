@@ -110,3 +110,25 @@ pub fn start(config: NodeConfig) -> Node {
 pub fn express() -> StorageClass {
     StorageClass::Express
 }
+
+/// Appends `bodies` as one batch, honouring backpressure as a client must: a refusal
+/// that says when to retry (a full memory budget, while uploads catch up) is retried
+/// after that long, for up to a minute. Such a refusal comes before the batch takes
+/// numbers, so a retry never duplicates it.
+pub fn append_patiently(
+    client: &Client,
+    bucket: &BucketName,
+    key: &StreamKey,
+    bodies: &[Vec<u8>],
+) -> engine::error::Result<engine::shard::AppendAck> {
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(60);
+    loop {
+        match block_on(client.append(bucket, key, batch(bodies, AppendConditions::default()))) {
+            Err(error) if std::time::Instant::now() < deadline => match error.retry_after_ms() {
+                Some(ms) => std::thread::sleep(std::time::Duration::from_millis(ms)),
+                None => return Err(error),
+            },
+            result => return result,
+        }
+    }
+}
