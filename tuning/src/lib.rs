@@ -131,7 +131,7 @@ pub const BUFFER_POOL_BYTES: Knob = Knob {
     default: 256 << 20,
     min: 0,
     max: 1 << 40,
-    help: "bytes of freed 4 KiB-aligned buffers (standard chunks, bundle and settled object bodies) the process keeps to hand out again instead of allocating; 0 frees every buffer at once",
+    help: "bytes of freed 4 KiB-aligned buffers (chunks, bundle and settled object bodies) the process keeps to hand out again instead of allocating; when full the oldest kept go first; 0 frees every buffer at once",
     reason: "a fresh buffer's first write faults once per 4 KiB page (a fifth of the shard's time under express appends, perf); 256 MiB holds what is in flight at disk speed (8 bundles of 8 MiB, two settled objects of 32 MiB and more): at 64 MiB each settled body was allocated anew and the uploader took 95% of the process's page faults",
 };
 
