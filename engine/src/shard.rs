@@ -136,6 +136,14 @@ impl ChunkSource for ObjectChunk {
     }
 }
 
+/// A cached durable chunk in the order the cache lets go of them.
+struct CacheEntry {
+    id: StreamId,
+    first_seq_num: u64,
+    /// The stored bytes it holds of the memory budget.
+    bytes: u64,
+}
+
 /// A shard's settings (from `tuning`, via the node).
 #[derive(Clone, Debug)]
 pub struct ShardConfig {
@@ -380,8 +388,11 @@ pub(crate) struct Shard {
     work: Notify,
     /// Stored bytes held: unsettled plus cached.
     held: Cell<u64>,
-    /// Cached durable chunks, oldest first: (stream, first seq_num).
-    cache_order: RefCell<VecDeque<(StreamId, u64)>>,
+    /// Cached durable chunks, oldest first: what `make_room` evicts next.
+    cache_order: RefCell<VecDeque<CacheEntry>>,
+    /// Stored bytes of every chunk put in `cache_order` so far: the settler's measure of
+    /// how fast the cache turns over (`settle.rs`).
+    cache_pushed_bytes: Cell<u64>,
     /// Upload jobs not started, and started (in order) (`uploads.rs`).
     jobs: RefCell<VecDeque<Job>>,
     jobs_changed: Notify,
@@ -424,6 +435,7 @@ impl Shard {
             work: Notify::new(),
             held: Cell::new(0),
             cache_order: RefCell::default(),
+            cache_pushed_bytes: Cell::new(0),
             jobs: RefCell::default(),
             jobs_changed: Notify::new(),
             in_flight: RefCell::default(),
@@ -726,7 +738,9 @@ impl Shard {
     /// cached is left: the append then meets the budget check in its turn).
     fn make_room(&self, bytes: u64) {
         while self.held.get() + bytes > self.config.memory_budget_bytes {
-            let Some((id, first_seq_num)) = self.cache_order.borrow_mut().pop_front() else {
+            let Some(CacheEntry { id, first_seq_num, .. }) =
+                self.cache_order.borrow_mut().pop_front()
+            else {
                 return;
             };
             let Some(slot) = self.streams.borrow().get(&id).cloned() else { continue };
@@ -734,6 +748,12 @@ impl Shard {
                 self.release(freed);
             }
         }
+    }
+
+    /// Puts a chunk that just became cached at the end of the eviction order.
+    fn cache_push(&self, id: StreamId, first_seq_num: u64, bytes: u64) {
+        self.cache_order.borrow_mut().push_back(CacheEntry { id, first_seq_num, bytes });
+        self.cache_pushed_bytes.set(self.cache_pushed_bytes.get() + bytes);
     }
 
     fn release(&self, bytes: u64) {
@@ -1032,7 +1052,7 @@ impl Shard {
         if cached > 0 {
             self.make_room(cached);
             self.held.set(self.held.get() + cached);
-            self.cache_order.borrow_mut().push_back((id, first_seq_num));
+            self.cache_push(id, first_seq_num, cached);
         }
         Ok(())
     }

@@ -572,6 +572,52 @@ fn a_busy_stream_settles_every_due_run_at_the_next_tick_from_the_store() {
     a_busy_stream_settles_every_due_run_at_the_next_tick(16 << 10);
 }
 
+/// Many streams sharing a small cache: none reaches the settle target (or age) before
+/// its chunks are evicted, so runs about to leave the cache are settled short of the
+/// target while their bytes are still in memory, instead of waiting to be read back
+/// from the bundles one GET per chunk. Before this rule, nothing here ever settled.
+#[test]
+fn runs_about_to_leave_the_cache_are_settled_from_memory() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let backend = local(dir.path());
+    let mut config = node_config(dir.path(), &backend);
+    config.shard.memory_budget_bytes = 4 << 20;
+    config.shard.settle.target_bytes = 1 << 30;
+    config.shard.settle.age = Duration::from_secs(3600);
+    config.shard.settle.interval = Duration::from_millis(50);
+    let node = start(config);
+    let client = node.client();
+    let bucket = make_bucket(&client, "settle-leaving", StorageClass::Express, true);
+    // Four streams, a 16 KiB record each per round, paced: 7.5 MiB through a 4 MiB
+    // cache over about a second, so it turns over a few times between ticks' worth.
+    let (streams, rounds) = (4, 120);
+    let mut bodies = vec![Vec::new(); streams];
+    for round in 0..rounds {
+        for (stream, bodies) in bodies.iter_mut().enumerate() {
+            let body = vec![(round * streams + stream) as u8; 16 << 10];
+            let name = format!("k{stream}");
+            append_patiently(&client, &bucket, &key(&name), std::slice::from_ref(&body))
+                .expect("append");
+            bodies.push(body);
+        }
+        thread::sleep(Duration::from_millis(5));
+    }
+    wait_until("some history settled", || {
+        block_on(client.stats()).expect("stats")[0].settled_objects >= streams as u64
+    });
+    let stats = block_on(client.stats()).expect("stats");
+    assert_eq!(stats[0].settle_failures, 0, "{stats:?}");
+    assert!(
+        stats[0].settled_from_memory > stats[0].settled_from_store,
+        "settled while cached, mostly: {stats:?}"
+    );
+    for (stream, bodies) in bodies.iter().enumerate() {
+        assert_reads_back(&client, &bucket, &key(&format!("k{stream}")), bodies);
+    }
+    drop(client);
+    node.stop();
+}
+
 // ---- The auditor -------------------------------------------------------------------------
 
 fn auditing(dir: &Path, backend: &Backend, grace: Duration) -> NodeConfig {

@@ -359,7 +359,7 @@ pub const SETTLE_TARGET_BYTES: Knob = Knob {
     default: 32 << 20,
     min: 64 << 10,
     max: 1 << 30,
-    help: "a stream's history in transit bundles is rewritten into a settled object of its own once this much has gathered (or once it is settle-age-ms old)",
+    help: "a stream's history in transit bundles is rewritten into a settled object of its own once this much has gathered (or once it is settle-age-ms old, or about to leave the shard's cache)",
     reason: "32 MiB objects make a catch-up read a few large GETs and keep per-object request costs negligible, while one settle holds at most 32 MiB in memory per shard",
 };
 

@@ -4,7 +4,14 @@
 //!
 //! A stream's durable chunks in transit bundles are cut into runs: contiguous chunks, each
 //! run up to the target size (`settle-target-bytes`). A run is settled once it reaches
-//! the target, or once its oldest bundle is `settle-age-ms` old. At every tick
+//! the target, once its oldest bundle is `settle-age-ms` old, or once its first chunk is
+//! about to leave the shard's cache: among the oldest cached bytes that the ingest of the
+//! next two ticks, at the last tick's pace, would evict. That last rule settles a run
+//! short of the target while its bytes are still in memory: with many streams sharing the
+//! cache, each holds too little of it to reach the target before it is evicted, and a
+//! run read back from the bundles costs a ranged GET per chunk (a stream's chunks are
+//! seldom adjacent in bundles shared with other streams). With one busy stream the rule
+//! never fires: its runs reach the target first. At every tick
 //! (`settle-interval-ms`) every due run of every stream is settled, up to
 //! `settles-in-flight-max` at once (runs are disjoint, so they settle independently).
 //! Each settle:
@@ -32,7 +39,7 @@
 //! a stream's records or numbering, or an error that stops the shard (a failed settle is
 //! counted and tried again at the next tick).
 
-use std::collections::VecDeque;
+use std::collections::{HashMap, VecDeque};
 use std::ops::Range;
 use std::rc::Rc;
 use std::sync::Arc;
@@ -42,6 +49,7 @@ use s3::Bytes;
 
 use crate::control::RefRow;
 use crate::error::{Error, Result};
+use crate::ids::StreamId;
 use crate::names::BucketName;
 use crate::settled::SettledBuilder;
 use crate::stream::ChunkSource;
@@ -93,11 +101,15 @@ impl Shard {
     /// The settling duty. Runs until the shard closes.
     pub(crate) async fn settler(self: Rc<Self>) {
         let window = self.config.settle.in_flight_max.max(1);
+        let mut pushed_before = self.cache_pushed_bytes.get();
         loop {
             glommio::timer::sleep(self.config.settle.interval).await;
             if self.closing.get() || self.failed.borrow().is_some() {
                 return;
             }
+            let pushed = self.cache_pushed_bytes.get();
+            let leaving = self.leaving_cache(2 * (pushed - pushed_before));
+            pushed_before = pushed;
             // Every due run is settled before the next tick, `settles-in-flight-max` at a
             // time: one run per stream per tick let a stream ingesting more than
             // settle-target-bytes a tick (32 MiB/s) pile up transit bundles without end.
@@ -109,7 +121,9 @@ impl Shard {
                 let due: Vec<(Rc<Slot>, Vec<Settling>)> = streams
                     .iter()
                     .flat_map(|slot| {
-                        self.runs_to_settle(slot).into_iter().map(|run| (Rc::clone(slot), run))
+                        let leaving = leaving.get(&slot.leader.borrow().id()).copied();
+                        let runs = self.runs_to_settle(slot, leaving);
+                        runs.into_iter().map(|run| (Rc::clone(slot), run))
                     })
                     .collect();
                 let settles = due.into_iter().map(|(slot, run)| {
@@ -142,10 +156,29 @@ impl Shard {
         }
     }
 
+    /// For each stream with chunks among the cached bytes that `coming` more bytes of
+    /// cached chunks would evict (the cache's oldest, past what the budget has room
+    /// for), the first seq_num of its last such chunk.
+    fn leaving_cache(&self, coming: u64) -> HashMap<StreamId, u64> {
+        let mut leaving = HashMap::new();
+        let mut evicted =
+            (self.held.get() + coming).saturating_sub(self.config.memory_budget_bytes);
+        for entry in self.cache_order.borrow().iter() {
+            if evicted == 0 {
+                break;
+            }
+            evicted = evicted.saturating_sub(entry.bytes);
+            let last = leaving.entry(entry.id).or_insert(entry.first_seq_num);
+            *last = (*last).max(entry.first_seq_num);
+        }
+        leaving
+    }
+
     /// The stream's runs of transit chunks to settle now, oldest first: each as long as
     /// the target (the last one, or one cut short by chunks settled already, shorter:
-    /// due only once its oldest bundle is `settle-age-ms` old).
-    fn runs_to_settle(&self, slot: &Slot) -> Vec<Vec<Settling>> {
+    /// due only once its oldest bundle is `settle-age-ms` old, or once its first chunk is
+    /// at or before `leaving`, the last of the stream's chunks about to be evicted).
+    fn runs_to_settle(&self, slot: &Slot, leaving: Option<u64>) -> Vec<Vec<Settling>> {
         let leader = slot.leader.borrow();
         let mut runs = Vec::new();
         if leader.is_deleted() {
@@ -157,7 +190,9 @@ impl Shard {
         let mut close = |run: &mut Run| {
             let run = std::mem::take(run);
             let old = run.oldest_ms.is_some_and(|oldest| now.saturating_sub(oldest) >= age);
-            if !run.chunks.is_empty() && (run.bytes >= target || old) {
+            let Some(first) = run.chunks.first() else { return };
+            let evicted_soon = leaving.is_some_and(|last| first.first_seq_num <= last);
+            if run.bytes >= target || old || evicted_soon {
                 runs.push(run.chunks);
             }
         };

@@ -251,7 +251,7 @@ impl Shard {
             debug_assert!(bytes.is_some(), "standard chunks come back in their buffers");
             let stored = Stored::Object(Rc::new(ObjectSlot::from(&placement)));
             slot.leader.borrow_mut().on_durable(DurableChunk::new(&header, stored, bytes));
-            self.cache_order.borrow_mut().push_back((placement.stream_id, header.first_seq_num));
+            self.cache_push(placement.stream_id, header.first_seq_num, header.data_len.into());
             slot.changed.notify();
             self.count(|s| s.chunks += 1);
         }
@@ -269,7 +269,7 @@ impl Shard {
             // Pinned in memory until now (the journal's space is about to go); from here
             // on it may be evicted and read back from the store.
             if slot.leader.borrow_mut().relocate(first, stored, bytes) {
-                self.cache_order.borrow_mut().push_back((placement.stream_id, first));
+                self.cache_push(placement.stream_id, first, header.data_len.into());
             }
         }
         // Everything before the first express chunk still on its way is in the store.
