@@ -208,7 +208,8 @@ impl Pool {
         }
         let mut evicted = Vec::new();
         while self.held + capacity > max {
-            evicted.extend(self.take_oldest());
+            let Some(oldest) = self.take_oldest() else { break };
+            evicted.push(oldest);
         }
         let age = self.next_age;
         self.next_age += 1;
@@ -235,7 +236,8 @@ pub fn set_pool_bytes_max(bytes: usize) {
     {
         let mut pool = Pool::lock();
         while pool.held > bytes {
-            evicted.extend(pool.take_oldest());
+            let Some(oldest) = pool.take_oldest() else { break };
+            evicted.push(oldest);
         }
     }
     free_all(evicted);
@@ -294,9 +296,10 @@ const POOLED_BYTES_MIN: usize = 64 << 10;
 /// heaps it trims, so a chunk's memory went back to the kernel when the cache evicted it
 /// and the next chunk faulted every page in again: under express appends over HTTP, 9% of
 /// the shard's core in page faults and 3% more in `munmap` and its TLB shootdowns (perf,
-/// `scripts/ab`). Through the pool such a buffer is handed to the next chunk dirty, which
-/// is sound because glommio never reads a buffer before writing it (the chunk builder and
-/// the journal write every byte an entry sends; `journal::JournalBuffer`).
+/// `scripts/ab`). Through the pool such a buffer goes to the next chunk with its old
+/// bytes, which changes nothing for its user: memory from `alloc` is uninitialised by
+/// contract, and a journal buffer's every byte is written before it is sent
+/// (`journal::JournalBuffer`).
 ///
 /// Install it with `#[global_allocator]`; without it nova runs the same, only with more
 /// page faults.
