@@ -159,6 +159,7 @@ impl NodeConfig {
         self.shard.settle.target_bytes = value(t::SETTLE_TARGET_BYTES)?;
         self.shard.settle.age = ms(value(t::SETTLE_AGE_MS)?);
         self.shard.settle.interval = ms(value(t::SETTLE_INTERVAL_MS)?);
+        self.shard.settle.early_bytes_min = value(t::SETTLE_EARLY_BYTES_MIN)?;
         self.shard.settle.in_flight_max = count(value(t::SETTLES_IN_FLIGHT_MAX)?);
         self.shard.retention_interval = ms(value(t::RETENTION_INTERVAL_MS)?);
         self.inbox_depth = count(value(t::SHARD_INBOX_DEPTH)?);

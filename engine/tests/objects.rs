@@ -575,7 +575,8 @@ fn a_busy_stream_settles_every_due_run_at_the_next_tick_from_the_store() {
 /// Many streams sharing a small cache: none reaches the settle target (or age) before
 /// its chunks are evicted, so runs about to leave the cache are settled short of the
 /// target while their bytes are still in memory, instead of waiting to be read back
-/// from the bundles one GET per chunk. Before this rule, nothing here ever settled.
+/// from the bundles one GET per chunk. Before this rule, nothing here ever settled. A
+/// quiet stream's run, shorter than the early floor, is left for the age.
 #[test]
 fn runs_about_to_leave_the_cache_are_settled_from_memory() {
     let dir = tempfile::tempdir().expect("tempdir");
@@ -585,9 +586,13 @@ fn runs_about_to_leave_the_cache_are_settled_from_memory() {
     config.shard.settle.target_bytes = 1 << 30;
     config.shard.settle.age = Duration::from_secs(3600);
     config.shard.settle.interval = Duration::from_millis(50);
+    config.shard.settle.early_bytes_min = 256 << 10;
     let node = start(config);
     let client = node.client();
     let bucket = make_bucket(&client, "settle-leaving", StorageClass::Express, true);
+    let quiet = vec![b'q'; 1 << 10];
+    append_patiently(&client, &bucket, &key("quiet"), std::slice::from_ref(&quiet))
+        .expect("append");
     // Four streams, a 16 KiB record each per round, paced: 7.5 MiB through a 4 MiB
     // cache over about a second, so it turns over a few times between ticks' worth.
     let (streams, rounds) = (4, 120);
@@ -614,6 +619,11 @@ fn runs_about_to_leave_the_cache_are_settled_from_memory() {
     for (stream, bodies) in bodies.iter().enumerate() {
         assert_reads_back(&client, &bucket, &key(&format!("k{stream}")), bodies);
     }
+    let refs = block_on(client.control().refs_of(stream_id(&client, &bucket, &key("quiet"))));
+    let refs = refs.expect("refs");
+    assert_eq!(refs.len(), 1, "{refs:?}");
+    assert!(refs[0].object.starts_with("_transit/"), "1 KiB is below the floor: {refs:?}");
+    assert_reads_back(&client, &bucket, &key("quiet"), &[quiet]);
     drop(client);
     node.stop();
 }

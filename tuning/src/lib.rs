@@ -387,6 +387,18 @@ pub const SETTLE_INTERVAL_MS: Knob = Knob {
     reason: "a second is far below the settle age and target fill times, and the check is a walk over in-memory chunk lists",
 };
 
+/// The smallest run settled early, before its chunks leave the shard's cache.
+pub const SETTLE_EARLY_BYTES_MIN: Knob = Knob {
+    flag: "settle-early-bytes-min",
+    env: "NOVA_SETTLE_EARLY_BYTES_MIN",
+    unit: Unit::Bytes,
+    default: 4 << 20,
+    min: 4 << 10,
+    max: 1 << 30,
+    help: "a run of transit history shorter than settle-target-bytes is settled early, while still in the shard's cache, when its chunks are about to be evicted, but only from this size on; shorter runs wait for the target or settle-age-ms (and are read back then)",
+    reason: "with 100 busy streams sharing a 1 GiB cache, runs leave the cache at about 10 MiB each and were read back one GET per chunk; a floor of 4 MiB keeps those from memory while a quiet stream's few records do not become an object of their own every few seconds",
+};
+
 /// Settles one shard runs at once.
 pub const SETTLES_IN_FLIGHT_MAX: Knob = Knob {
     flag: "settles-in-flight-max",
@@ -551,6 +563,7 @@ pub const KNOBS: &[Knob] = &[
     SETTLE_TARGET_BYTES,
     SETTLE_AGE_MS,
     SETTLE_INTERVAL_MS,
+    SETTLE_EARLY_BYTES_MIN,
     SETTLES_IN_FLIGHT_MAX,
     RETENTION_INTERVAL_MS,
     AUDITOR_READ_GRACE_MS,

@@ -6,12 +6,14 @@
 //! run up to the target size (`settle-target-bytes`). A run is settled once it reaches
 //! the target, once its oldest bundle is `settle-age-ms` old, or once its first chunk is
 //! about to leave the shard's cache: among the oldest cached bytes that the ingest of the
-//! next two ticks, at the last tick's pace, would evict. That last rule settles a run
-//! short of the target while its bytes are still in memory: with many streams sharing the
-//! cache, each holds too little of it to reach the target before it is evicted, and a
-//! run read back from the bundles costs a ranged GET per chunk (a stream's chunks are
-//! seldom adjacent in bundles shared with other streams). With one busy stream the rule
-//! never fires: its runs reach the target first. At every tick
+//! next two ticks, at the last tick's pace, would evict, if it is `settle-early-bytes-min`
+//! long. That last rule settles a run short of the target while its bytes are still in
+//! memory: with many streams sharing the cache, each holds too little of it to reach the
+//! target before it is evicted, and a run read back from the bundles costs a ranged GET
+//! per chunk (a stream's chunks are seldom adjacent in bundles shared with other
+//! streams). With one busy stream the rule never fires: its runs reach the target first.
+//! The floor keeps a quiet stream's few records from becoming an object of their own at
+//! every turn of the cache; they wait for the age, as before. At every tick
 //! (`settle-interval-ms`) every due run of every stream is settled, up to
 //! `settles-in-flight-max` at once (runs are disjoint, so they settle independently).
 //! Each settle:
@@ -64,6 +66,9 @@ pub struct SettleConfig {
     pub target_bytes: u64,
     pub age: Duration,
     pub interval: Duration,
+    /// The smallest run settled because its chunks are about to leave the cache
+    /// (`settle-early-bytes-min`).
+    pub early_bytes_min: u64,
     /// Settles one shard runs at once (`settles-in-flight-max`).
     pub in_flight_max: usize,
 }
@@ -74,6 +79,7 @@ impl Default for SettleConfig {
             target_bytes: tuning::SETTLE_TARGET_BYTES.default,
             age: Duration::from_millis(tuning::SETTLE_AGE_MS.default),
             interval: Duration::from_millis(tuning::SETTLE_INTERVAL_MS.default),
+            early_bytes_min: tuning::SETTLE_EARLY_BYTES_MIN.default,
             in_flight_max: usize::try_from(tuning::SETTLES_IN_FLIGHT_MAX.default).unwrap_or(1),
         }
     }
@@ -177,7 +183,8 @@ impl Shard {
     /// The stream's runs of transit chunks to settle now, oldest first: each as long as
     /// the target (the last one, or one cut short by chunks settled already, shorter:
     /// due only once its oldest bundle is `settle-age-ms` old, or once its first chunk is
-    /// at or before `leaving`, the last of the stream's chunks about to be evicted).
+    /// at or before `leaving`, the last of the stream's chunks about to be evicted, and
+    /// it is at least `settle-early-bytes-min` long).
     fn runs_to_settle(&self, slot: &Slot, leaving: Option<u64>) -> Vec<Vec<Settling>> {
         let leader = slot.leader.borrow();
         let mut runs = Vec::new();
@@ -191,7 +198,8 @@ impl Shard {
             let run = std::mem::take(run);
             let old = run.oldest_ms.is_some_and(|oldest| now.saturating_sub(oldest) >= age);
             let Some(first) = run.chunks.first() else { return };
-            let evicted_soon = leaving.is_some_and(|last| first.first_seq_num <= last);
+            let evicted_soon = leaving.is_some_and(|last| first.first_seq_num <= last)
+                && run.bytes >= self.config.settle.early_bytes_min;
             if run.bytes >= target || old || evicted_soon {
                 runs.push(run.chunks);
             }
