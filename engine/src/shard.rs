@@ -328,6 +328,9 @@ pub struct ShardStats {
     /// Settled objects written, and settles that failed (tried again later).
     pub settled_objects: u64,
     pub settle_failures: u64,
+    /// Of the settled objects, those settled early: runs short of the target and the age
+    /// whose chunks were about to leave the cache.
+    pub settled_early: u64,
     /// Chunks settled from the shard's cache, and chunks read back from the object store
     /// to be settled.
     pub settled_from_memory: u64,
@@ -409,6 +412,8 @@ pub(crate) struct Shard {
     /// Set when the node starts stopping: waiting reads answer with what they have.
     closing: Cell<bool>,
     stats: RefCell<ShardStats>,
+    /// The executor's busy time read so far (`stats`).
+    busy: Cell<Duration>,
 }
 
 impl Shard {
@@ -446,6 +451,7 @@ impl Shard {
             stopping: Cell::new(false),
             closing: Cell::new(false),
             stats: RefCell::default(),
+            busy: Cell::new(Duration::ZERO),
         })
     }
 
@@ -454,7 +460,10 @@ impl Shard {
     }
 
     pub(crate) fn stats(&self) -> ShardStats {
-        let busy = glommio::executor().executor_stats().total_runtime();
+        // glommio hands its executor stats over and starts them afresh at each call: the
+        // busy time is summed here, so that it stays a counter however often it is read.
+        let busy = self.busy.get() + glommio::executor().executor_stats().total_runtime();
+        self.busy.set(busy);
         ShardStats {
             busy_micros: u64::try_from(busy.as_micros()).unwrap_or(u64::MAX),
             ..*self.stats.borrow()

@@ -612,6 +612,7 @@ fn runs_about_to_leave_the_cache_are_settled_from_memory() {
     });
     let stats = block_on(client.stats()).expect("stats");
     assert_eq!(stats[0].settle_failures, 0, "{stats:?}");
+    assert_eq!(stats[0].settled_early, stats[0].settled_objects, "all short: {stats:?}");
     assert!(
         stats[0].settled_from_memory > stats[0].settled_from_store,
         "settled while cached, mostly: {stats:?}"

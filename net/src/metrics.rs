@@ -121,7 +121,7 @@ impl Metrics {
         for (shard, _, _, in_flight) in &connections {
             let _ = writeln!(out, "nova_http_requests_in_flight{{shard=\"{shard}\"}} {in_flight}");
         }
-        let engine_counters: [(EngineCounter, &str); 14] = [
+        let engine_counters: [(EngineCounter, &str); 15] = [
             (
                 ("nova_shard_groups_total", "journal group commits written", ShardStats::groups),
                 "counter",
@@ -175,6 +175,14 @@ impl Metrics {
                 ("nova_settle_failures_total", "settles that failed (retried)", |s| {
                     s.settle_failures
                 }),
+                "counter",
+            ),
+            (
+                (
+                    "nova_settled_early_objects_total",
+                    "settled objects cut short of the target because their chunks were about to leave the cache",
+                    |s| s.settled_early,
+                ),
                 "counter",
             ),
             (

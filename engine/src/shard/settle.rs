@@ -94,6 +94,13 @@ struct Run {
     oldest_ms: Option<u64>,
 }
 
+/// A run due to settle, and whether only because its chunks are about to leave the
+/// cache (an early settle, short of the target and of the age).
+struct Due {
+    chunks: Vec<Settling>,
+    early: bool,
+}
+
 /// One chunk of a run to settle: where its slot is now, and its bytes if the shard still
 /// has them in memory.
 struct Settling {
@@ -124,7 +131,7 @@ impl Shard {
             // waits for the next tick.
             let mut streams: Vec<Rc<Slot>> = self.streams.borrow().values().cloned().collect();
             while !streams.is_empty() {
-                let due: Vec<(Rc<Slot>, Vec<Settling>)> = streams
+                let due: Vec<(Rc<Slot>, Due)> = streams
                     .iter()
                     .flat_map(|slot| {
                         let leaving = leaving.get(&slot.leader.borrow().id()).copied();
@@ -132,18 +139,21 @@ impl Shard {
                         runs.into_iter().map(|run| (Rc::clone(slot), run))
                     })
                     .collect();
-                let settles = due.into_iter().map(|(slot, run)| {
+                let settles = due.into_iter().map(|(slot, due)| {
                     let shard = Rc::clone(&self);
                     async move {
-                        let settled = shard.settle_run(&slot, run).await;
-                        (slot, settled)
+                        let settled = shard.settle_run(&slot, due.chunks).await;
+                        (slot, settled.map(|()| due.early))
                     }
                 });
                 let mut progressed: Vec<Rc<Slot>> = Vec::new();
                 in_order(window, settles, |(slot, settled)| {
                     match settled {
-                        Ok(()) => {
-                            self.count(|s| s.settled_objects += 1);
+                        Ok(early) => {
+                            self.count(|s| {
+                                s.settled_objects += 1;
+                                s.settled_early += u64::from(early);
+                            });
                             if !progressed.iter().any(|s| Rc::ptr_eq(s, &slot)) {
                                 progressed.push(slot);
                             }
@@ -185,7 +195,7 @@ impl Shard {
     /// due only once its oldest bundle is `settle-age-ms` old, or once its first chunk is
     /// at or before `leaving`, the last of the stream's chunks about to be evicted, and
     /// it is at least `settle-early-bytes-min` long).
-    fn runs_to_settle(&self, slot: &Slot, leaving: Option<u64>) -> Vec<Vec<Settling>> {
+    fn runs_to_settle(&self, slot: &Slot, leaving: Option<u64>) -> Vec<Due> {
         let leader = slot.leader.borrow();
         let mut runs = Vec::new();
         if leader.is_deleted() {
@@ -201,7 +211,8 @@ impl Shard {
             let evicted_soon = leaving.is_some_and(|last| first.first_seq_num <= last)
                 && run.bytes >= self.config.settle.early_bytes_min;
             if run.bytes >= target || old || evicted_soon {
-                runs.push(run.chunks);
+                let early = run.bytes < target && !old;
+                runs.push(Due { chunks: run.chunks, early });
             }
         };
         let mut run = Run::default();
