@@ -8,7 +8,6 @@
 //! written out.
 
 use std::alloc::{GlobalAlloc, Layout, System};
-use std::collections::btree_map::Entry;
 use std::collections::{BTreeMap, VecDeque};
 use std::ptr::NonNull;
 use std::sync::Mutex;
@@ -163,41 +162,45 @@ struct FreeBuf(NonNull<u8>);
 // it out of the pool under the lock.
 unsafe impl Send for FreeBuf {}
 
-static POOL: Mutex<Pool> =
-    Mutex::new(Pool { held: 0, by_age: BTreeMap::new(), classes: BTreeMap::new(), next_age: 0 });
+static POOL: Mutex<Pool> = Mutex::new(Pool::new());
 
 impl Pool {
+    const fn new() -> Self {
+        Self { held: 0, by_age: BTreeMap::new(), classes: BTreeMap::new(), next_age: 0 }
+    }
+
     fn lock() -> std::sync::MutexGuard<'static, Pool> {
         POOL.lock().unwrap_or_else(|e| e.into_inner())
     }
 
     /// The youngest kept buffer of `capacity`'s class.
     fn take(&mut self, capacity: usize) -> Option<FreeBuf> {
-        let mut class = match self.classes.entry(capacity) {
-            Entry::Occupied(class) => class,
-            Entry::Vacant(_) => return None,
-        };
-        let age = class.get_mut().pop_back().expect("an empty class is removed");
-        if class.get().is_empty() {
-            class.remove();
-        }
-        let (_, buf) = self.by_age.remove(&age).expect("every class entry has its buffer");
-        self.held -= capacity;
-        Some(buf)
+        let age = self.unlist(capacity, VecDeque::pop_back)?;
+        Some(self.by_age.remove(&age).expect("every class entry has its buffer").1)
     }
 
     /// The oldest kept buffer, with its capacity.
     fn take_oldest(&mut self) -> Option<(usize, FreeBuf)> {
         let (age, (capacity, buf)) = self.by_age.pop_first()?;
-        let Entry::Occupied(mut class) = self.classes.entry(capacity) else {
-            unreachable!("every kept buffer is in its class")
-        };
-        assert_eq!(class.get_mut().pop_front(), Some(age), "a class is in age order");
-        if class.get().is_empty() {
-            class.remove();
+        let oldest = self.unlist(capacity, VecDeque::pop_front);
+        assert_eq!(oldest, Some(age), "a class is in age order");
+        Some((capacity, buf))
+    }
+
+    /// Takes one age off `capacity`'s class (`end`: its youngest or its oldest), and the
+    /// capacity off `held`.
+    fn unlist(
+        &mut self,
+        capacity: usize,
+        end: fn(&mut VecDeque<u64>) -> Option<u64>,
+    ) -> Option<u64> {
+        let class = self.classes.get_mut(&capacity)?;
+        let age = end(class).expect("an empty class is removed");
+        if class.is_empty() {
+            self.classes.remove(&capacity);
         }
         self.held -= capacity;
-        Some((capacity, buf))
+        Some(age)
     }
 
     /// Keeps `buf` if it fits under `max` once older buffers are let go: what goes, to
@@ -458,8 +461,7 @@ mod tests {
     #[test]
     fn a_full_pool_lets_its_oldest_buffers_go_and_hands_out_the_youngest() {
         // A pool of its own, with stand-in pointers that are never freed or read.
-        let mut pool =
-            Pool { held: 0, by_age: BTreeMap::new(), classes: BTreeMap::new(), next_age: 0 };
+        let mut pool = Pool::new();
         let buf = |n: usize| FreeBuf(NonNull::new((n * ALIGNMENT) as *mut u8).unwrap());
         let address = |buf: &FreeBuf| buf.0.as_ptr() as usize / ALIGNMENT;
         let addresses = |gone: Vec<(usize, FreeBuf)>| {

@@ -757,6 +757,24 @@ mod tests {
         assert!(RECORD_BYTES_MAX.parse("99999999999999999999").is_err());
     }
 
+    /// Every knob's limits, the early-settle floor's among them: one past either end is
+    /// refused with the flag and the range named, and each end itself is taken.
+    #[test]
+    fn every_knob_refuses_one_past_its_range() {
+        for knob in KNOBS {
+            let range = format!("{}..={}", knob.min, knob.max);
+            let mut outside = vec![knob.max.checked_add(1)];
+            outside.push(knob.min.checked_sub(1));
+            for value in outside.into_iter().flatten() {
+                let err = knob.parse(&value.to_string()).expect_err(knob.flag);
+                assert!(err.message.starts_with(&format!("--{}:", knob.flag)), "{err}");
+                assert!(err.message.contains(&range), "{err}");
+            }
+            assert_eq!(knob.parse(&knob.min.to_string()), Ok(knob.min), "{}", knob.flag);
+            assert_eq!(knob.parse(&knob.max.to_string()), Ok(knob.max), "{}", knob.flag);
+        }
+    }
+
     #[test]
     fn flag_wins_over_default() {
         assert_eq!(RECORD_BYTES_MAX.resolve(Some("1KiB")), Ok(1024));

@@ -11,7 +11,9 @@
 //! memory: with many streams sharing the cache, each holds too little of it to reach the
 //! target before it is evicted, and a run read back from the bundles costs a ranged GET
 //! per chunk (a stream's chunks are seldom adjacent in bundles shared with other
-//! streams). With one busy stream the rule never fires: its runs reach the target first.
+//! streams). One busy stream seldom trips it: its runs reach the target first, and only a
+//! run left behind (settling lagging a moment) is cut short, 4 of about 160 settles in a
+//! 20 s `scripts/ab` run.
 //! The floor keeps a quiet stream's few records from becoming an object of their own at
 //! every turn of the cache; they wait for the age, as before. At every tick
 //! (`settle-interval-ms`) every due run of every stream is settled, up to
@@ -210,8 +212,8 @@ impl Shard {
             let Some(first) = run.chunks.first() else { return };
             let evicted_soon = leaving.is_some_and(|last| first.first_seq_num <= last)
                 && run.bytes >= self.config.settle.early_bytes_min;
-            if run.bytes >= target || old || evicted_soon {
-                let early = run.bytes < target && !old;
+            let early = evicted_soon && run.bytes < target && !old;
+            if run.bytes >= target || old || early {
                 runs.push(Due { chunks: run.chunks, early });
             }
         };
