@@ -7,11 +7,21 @@
 //! allocation (zeroed, or copied into), so nothing uninitialised is ever read or
 //! written out.
 
-use std::alloc::{GlobalAlloc, Layout, System};
+use std::alloc::{GlobalAlloc, Layout};
 use std::collections::{BTreeMap, VecDeque};
 use std::ptr::NonNull;
 use std::sync::Mutex;
 use std::sync::atomic::{AtomicUsize, Ordering};
+
+use mimalloc::MiMalloc;
+
+/// The allocator beneath the pool and beneath [`PoolingAllocator`]: mimalloc, not glibc's
+/// malloc. An HTTP append allocates a few dozen small objects (hyper's buffers, names,
+/// the ack's JSON) and frees some of them on another thread; glibc served them from
+/// fragmented arenas, with `malloc_consolidate` on every allocation of a kilobyte or more,
+/// and that cost the shard 9% of its core. mimalloc's thread-local free lists made HTTP
+/// appends 25-40% faster on this machine (`scripts/ab`, docs/benchmarks.md).
+static BASE: MiMalloc = MiMalloc;
 
 /// The alignment of every chunk buffer: the logical block size O_DIRECT needs.
 pub const ALIGNMENT: usize = 4096;
@@ -226,9 +236,9 @@ impl Pool {
 /// Frees buffers the pool let go.
 fn free_all(evicted: Vec<(usize, FreeBuf)>) {
     for (capacity, buf) in evicted {
-        // SAFETY: the pool owned `buf`, allocated from `System` with exactly this
+        // SAFETY: the pool owned `buf`, allocated from `BASE` with exactly this
         // capacity's layout.
-        unsafe { System.dealloc(buf.0.as_ptr(), layout(capacity)) };
+        unsafe { BASE.dealloc(buf.0.as_ptr(), layout(capacity)) };
     }
 }
 
@@ -271,9 +281,9 @@ fn try_allocate(len: usize) -> Option<(NonNull<u8>, usize)> {
         return Some((buf.0, capacity));
     }
     let layout = layout(capacity);
-    // SAFETY: the layout has a non-zero size (capacity >= len >= ALIGNMENT). `System`,
+    // SAFETY: the layout has a non-zero size (capacity >= len >= ALIGNMENT). `BASE`,
     // not the global allocator: that may be [`PoolingAllocator`], which calls this.
-    let raw = unsafe { System.alloc(layout) };
+    let raw = unsafe { BASE.alloc(layout) };
     NonNull::new(raw).map(|ptr| (ptr, capacity))
 }
 
@@ -285,18 +295,18 @@ fn release(ptr: NonNull<u8>, capacity: usize) {
     free_all(evicted);
 }
 
-/// The smallest allocation [`PoolingAllocator`] draws from the pool: below it, glibc's
+/// The smallest allocation [`PoolingAllocator`] draws from the pool: below it, mimalloc's
 /// own free lists serve as well, and a class per 4 KiB would only fragment the pool.
 const POOLED_BYTES_MIN: usize = 64 << 10;
 
 /// The process's allocator for binaries that run a node: every 4 KiB-aligned allocation
 /// of 64 KiB or more comes from the same pool as [`AlignedBuf`], everything else from
-/// the system's allocator.
+/// mimalloc ([`BASE`]).
 ///
 /// It is for the buffers nova does not allocate itself: an express chunk is built in a
 /// glommio DMA buffer (`journal::JournalBuffer`), which glommio allocates with a 4 KiB
-/// alignment from the global allocator. glibc serves those from `mmap` or from arena
-/// heaps it trims, so a chunk's memory went back to the kernel when the cache evicted it
+/// alignment from the global allocator. glibc served those from `mmap` or from arena
+/// heaps it trims (mimalloc, too, gives freed memory back to the kernel), so a chunk's memory went back to the kernel when the cache evicted it
 /// and the next chunk faulted every page in again: under express appends over HTTP, 9% of
 /// the shard's core in page faults and 3% more in `munmap` and its TLB shootdowns (perf,
 /// `scripts/ab`). Through the pool such a buffer goes to the next chunk with its old
@@ -304,8 +314,7 @@ const POOLED_BYTES_MIN: usize = 64 << 10;
 /// contract, and a journal buffer's every byte is written before it is sent
 /// (`journal::JournalBuffer`).
 ///
-/// Install it with `#[global_allocator]`; without it nova runs the same, only with more
-/// page faults.
+/// Install it with `#[global_allocator]`; without it nova runs the same, only slower.
 pub struct PoolingAllocator;
 
 fn pooled(layout: Layout) -> bool {
@@ -324,7 +333,7 @@ unsafe impl GlobalAlloc for PoolingAllocator {
                 .map_or(std::ptr::null_mut(), |(ptr, _)| ptr.as_ptr())
         } else {
             // SAFETY: the caller's contract, passed on.
-            unsafe { System.alloc(layout) }
+            unsafe { BASE.alloc(layout) }
         }
     }
 
@@ -335,7 +344,7 @@ unsafe impl GlobalAlloc for PoolingAllocator {
             release(ptr, size_class(round_up(layout.size())));
         } else {
             // SAFETY: the caller's contract, passed on.
-            unsafe { System.dealloc(ptr, layout) }
+            unsafe { BASE.dealloc(ptr, layout) }
         }
     }
 
@@ -349,7 +358,7 @@ unsafe impl GlobalAlloc for PoolingAllocator {
             }
         } else {
             // SAFETY: the caller's contract, passed on.
-            unsafe { System.alloc_zeroed(layout) }
+            unsafe { BASE.alloc_zeroed(layout) }
         }
     }
 
@@ -357,9 +366,9 @@ unsafe impl GlobalAlloc for PoolingAllocator {
         // SAFETY: the caller's contract: `layout` is `ptr`'s, `new_size` fits `isize`.
         let new_layout = unsafe { Layout::from_size_align_unchecked(new_size, layout.align()) };
         if !pooled(layout) && !pooled(new_layout) {
-            // SAFETY: the caller's contract, passed on: Vec growth keeps glibc's in-place
-            // and `mremap` paths.
-            return unsafe { System.realloc(ptr, layout, new_size) };
+            // SAFETY: the caller's contract, passed on: Vec growth keeps the allocator's
+            // in-place path.
+            return unsafe { BASE.realloc(ptr, layout, new_size) };
         }
         // SAFETY: a fresh allocation for the new layout, the overlap copied, the old one
         // given back by its own layout: the caller's contract for each call.

@@ -9,6 +9,12 @@ use std::process::ExitCode;
 use loadgen::config::{Config, USAGE};
 use loadgen::report;
 
+/// The server's allocator (`engine::aligned::PoolingAllocator`, mimalloc beneath): the
+/// load generator shares the machine with the server it measures, so every cycle its
+/// allocations save is one the server can use.
+#[global_allocator]
+static ALLOCATOR: engine::aligned::PoolingAllocator = engine::aligned::PoolingAllocator;
+
 fn main() -> ExitCode {
     let args: Vec<String> = std::env::args().skip(1).collect();
     let config = match Config::parse(&args) {
