@@ -24,6 +24,7 @@ pub mod journal;
 pub mod latency;
 mod le;
 pub mod limits;
+pub mod loan;
 pub mod meta;
 pub mod names;
 pub mod node;

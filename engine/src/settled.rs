@@ -54,7 +54,8 @@ use crate::le::{u32_at, u64_at};
 use crate::limits::SEQ_NUM_MAX;
 use crate::names::BucketName;
 use crate::transit::{
-    SLOT_LEN_MIN, Slot, SlotCorruption, SlotEnvelope, parse_lower_hex16, parse_padded_u64,
+    SLOT_LEN_MIN, Slot, SlotCorruption, SlotEnvelope, SlotParts, parse_lower_hex16,
+    parse_padded_u64,
 };
 
 /// `"NVSO"`: the first four bytes of a settled object's footer.
@@ -684,20 +685,18 @@ impl SettledBuilder {
         self.slots_len + INDEX_ENTRY_LEN as u64 * self.entries.len() as u64 + FOOTER_LEN as u64
     }
 
-    /// Adds the next slot (envelope and chunk, as a bundle holds it): it must be of this stream, start at
-    /// [`SettledBuilder::next_seq_num`], and not start before the last timestamp so far.
-    /// The envelope and the chunk's header are checked and must agree; the chunk's body
-    /// is not re-read (debug builds verify the whole slot): the settler verified it when
-    /// it read it from its bundle.
+    /// Adds one contiguous slot: [`SettledBuilder::push_parts`].
     pub fn push(&mut self, slot: &[u8]) -> Result<(), PushRefused> {
-        let Some(head) = slot.first_chunk::<ENVELOPE_LEN>() else {
-            return Err(SlotCorruption::TooShort {
-                len: slot.len() as u64,
-                needed: ENVELOPE_LEN as u64,
-            }
-            .into());
-        };
-        let envelope = SlotEnvelope::parse(head)?;
+        self.push_parts(SlotParts::of(slot)?)
+    }
+
+    /// Adds the next slot (envelope and chunk, as a bundle holds them): it must be of
+    /// this stream, start at [`SettledBuilder::next_seq_num`], and not start before the
+    /// last timestamp so far. The envelope and the chunk's header are checked and must
+    /// agree; the chunk's body is not re-read (debug builds verify the whole slot): the
+    /// settler verified it when it read it from its bundle, or it is the shard's own.
+    pub fn push_parts(&mut self, slot: SlotParts<'_>) -> Result<(), PushRefused> {
+        let envelope = SlotEnvelope::parse(slot.envelope)?;
         if envelope.slot_len() != slot.len() as u64 {
             return Err(SlotCorruption::LengthMismatch {
                 expected: envelope.slot_len(),
@@ -705,11 +704,14 @@ impl SettledBuilder {
             }
             .into());
         }
-        let chunk_bytes = &slot[ENVELOPE_LEN..];
+        let chunk_bytes = slot.chunk;
         let header =
             ChunkHeader::parse(chunk_bytes).map_err(|source| SlotCorruption::Chunk { source })?;
         envelope.check_agrees(&header)?;
-        debug_assert_eq!(Slot::parse(slot).map(|s| s.envelope), Ok(envelope));
+        debug_assert_eq!(
+            Slot::parse(&[&slot.envelope[..], slot.chunk].concat()).map(|s| s.envelope),
+            Ok(envelope)
+        );
         if envelope.stream_id != self.stream_id {
             return Err(PushRefused::WrongStream {
                 found: envelope.stream_id,
@@ -827,12 +829,13 @@ impl SettledLayout {
     ///
     /// # Panics
     /// If a slot is not the length it was pushed with.
-    pub fn assemble(&self, slots: &[&[u8]]) -> Bytes {
-        assert_eq!(slots.len(), self.entries.len(), "one slice per pushed slot");
-        let mut parts = Vec::with_capacity(slots.len() + 1);
+    pub fn assemble(&self, slots: &[SlotParts<'_>]) -> Bytes {
+        assert_eq!(slots.len(), self.entries.len(), "one slot per push");
+        let mut parts = Vec::with_capacity(2 * slots.len() + 1);
         for (slot, entry) in slots.iter().zip(&self.entries) {
             assert_eq!(slot.len() as u64, u64::from(entry.len), "slot at {}", entry.offset);
-            parts.push(*slot);
+            parts.push(&slot.envelope[..]);
+            parts.push(slot.chunk);
         }
         parts.push(&self.tail);
         crate::aligned::bytes_of(&parts)
@@ -867,8 +870,9 @@ mod tests {
         let len = builder.object_len();
         let layout = builder.finish().expect("not empty");
         assert_eq!(layout.len(), len);
-        let refs: Vec<&[u8]> = slots.iter().map(Vec::as_slice).collect();
-        let bytes = layout.assemble(&refs);
+        let parts: Vec<SlotParts<'_>> =
+            slots.iter().map(|slot| SlotParts::of(slot).expect("whole slots")).collect();
+        let bytes = layout.assemble(&parts);
         assert_eq!(bytes.as_ptr() as usize % crate::aligned::ALIGNMENT, 0, "O_DIRECT-ready");
         (layout, bytes.to_vec())
     }

@@ -103,7 +103,9 @@ pub struct ObjectSlot {
     pub length: u64,
 }
 
-impl ChunkSource for JournalRead {
+// SAFETY: a journal read's bytes are glommio's read buffer, on the heap, never written
+// after the read.
+unsafe impl ChunkSource for JournalRead {
     fn records(&self) -> crate::chunk::Records<'_> {
         JournalRead::records(self)
     }
@@ -126,7 +128,8 @@ impl ObjectChunk {
     }
 }
 
-impl ChunkSource for ObjectChunk {
+// SAFETY: an object chunk's bytes are an immutable `Bytes` it owns.
+unsafe impl ChunkSource for ObjectChunk {
     fn records(&self) -> crate::chunk::Records<'_> {
         crate::chunk::verified_records(self.chunk_bytes(), &self.header)
     }

@@ -35,13 +35,22 @@ use crate::timestamp::{self, Offered};
 
 /// Anything that can show a chunk's records: a sealed chunk still in its write buffer,
 /// or one read back from storage.
-pub trait ChunkSource {
+///
+/// # Safety
+/// `chunk_bytes` returns the same bytes at the same address, unchanged, for as long as
+/// the value is shared (behind an `Rc` with other counts): a shard lends them to the
+/// uploader's thread that way (`loan::ChunkLoan`).
+pub unsafe trait ChunkSource {
     fn records(&self) -> Records<'_>;
     /// The whole chunk (header, records, directory) as stored.
     fn chunk_bytes(&self) -> &[u8];
 }
 
-impl<B: ChunkStorage> ChunkSource for SealedChunk<B> {
+// SAFETY: a sealed chunk's bytes are its storage's. Every `ChunkStorage` nova has
+// (`AlignedBuf`, `JournalBuffer`, `ShardBuf`) keeps them in a heap allocation it owns
+// and changes them only through `&mut` (`envelope_mut`, `ChunkStorage::storage_mut`),
+// which a shared chunk does not give.
+unsafe impl<B: ChunkStorage> ChunkSource for SealedChunk<B> {
     fn records(&self) -> Records<'_> {
         SealedChunk::records(self)
     }

@@ -550,7 +550,6 @@ pub struct SlotParts<'a> {
 
 impl<'a> SlotParts<'a> {
     /// The parts of a contiguous slot.
-    #[cfg(test)]
     pub fn of(slot: &'a [u8]) -> Result<Self, SlotCorruption> {
         match slot.split_first_chunk::<SLOT_ENVELOPE_LEN>() {
             Some((envelope, chunk)) => Ok(Self { envelope, chunk }),

@@ -47,7 +47,7 @@ use crate::aligned::AlignedBuf;
 use crate::chunk::{ChunkHeader, SealedChunk};
 use crate::error::{Error, Result};
 use crate::ids::StreamId;
-use crate::journal::LentChunk;
+use crate::loan::{Lent, LentChunk};
 use crate::settled::SettledLayout;
 use crate::transit::{
     self, BundleBuilder, BundleId, PushRefused, SLOT_ENVELOPE_LEN as ENVELOPE_LEN, SlotEnvelope,
@@ -124,6 +124,29 @@ pub enum ChunkBody {
     /// Lent from the shard's journal buffer, where the express chunk was built and
     /// written: read there, on the uploader's thread.
     Lent(LentChunk),
+}
+
+/// One slot of a settled object as the settler hands it over. Either way its bytes are
+/// copied once, into the object's body, on the uploader's thread.
+#[derive(Debug)]
+pub enum SettledSlot {
+    /// Read back from its bundle, envelope and chunk, verified (`read_slots`).
+    Fetched(Bytes),
+    /// A chunk still in the shard's cache, lent where it is, and the envelope the
+    /// uploader gave it in its bundle, written anew.
+    Cached { envelope: [u8; ENVELOPE_LEN], chunk: Lent },
+}
+
+impl SettledSlot {
+    /// The slot's envelope and chunk.
+    pub fn parts(&self) -> SlotParts<'_> {
+        match self {
+            SettledSlot::Fetched(slot) => {
+                SlotParts::of(slot).expect("a fetched slot was verified whole")
+            }
+            SettledSlot::Cached { envelope, chunk } => SlotParts { envelope, chunk: chunk.bytes() },
+        }
+    }
 }
 
 impl ChunkBody {
@@ -245,7 +268,7 @@ enum Side {
     PutSettled {
         key: String,
         layout: SettledLayout,
-        slots: Vec<Bytes>,
+        slots: Vec<SettledSlot>,
         reply: flume::Sender<Result<()>>,
     },
 }
@@ -436,7 +459,7 @@ impl Uploader {
         &self,
         key: String,
         layout: SettledLayout,
-        slots: Vec<Bytes>,
+        slots: Vec<SettledSlot>,
     ) -> Result<()> {
         self.side_request(|reply| Side::PutSettled { key, layout, slots, reply }).await
     }
@@ -663,9 +686,9 @@ impl Engine {
                     let _ = reply.send(answer);
                 }
                 Side::PutSettled { key, layout, slots, reply } => {
-                    let slices: Vec<&[u8]> = slots.iter().map(|slot| &slot[..]).collect();
-                    let body = layout.assemble(&slices);
-                    drop(slices);
+                    let parts: Vec<SlotParts<'_>> = slots.iter().map(SettledSlot::parts).collect();
+                    let body = layout.assemble(&parts);
+                    drop(parts);
                     drop(slots);
                     let outcome =
                         put_durably(&*store, &shared, &key, &body, backoff_initial, backoff_max)

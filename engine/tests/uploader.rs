@@ -4,6 +4,7 @@
 //! bundle is durable; and a soak of the glommio ↔ uploader bridge fails on a stall.
 
 use std::collections::{BTreeSet, HashMap, HashSet};
+use std::rc::Rc;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, mpsc};
 use std::time::{Duration, Instant};
@@ -11,10 +12,12 @@ use std::time::{Duration, Instant};
 use engine::aligned::AlignedBuf;
 use engine::chunk::{ChunkBuilder, SealedChunk};
 use engine::ids::StreamId;
+use engine::loan::ChunkLoan;
 use engine::names::BucketName;
 use engine::settled::SettledBuilder;
-use engine::transit::{Bundle, Slot, TRANSIT_PREFIX};
-use engine::uploader::{UploadChunk, Uploaded, Uploader, UploaderConfig};
+use engine::stream::ChunkSource;
+use engine::transit::{Bundle, Slot, SlotParts, TRANSIT_PREFIX};
+use engine::uploader::{SettledSlot, UploadChunk, Uploaded, Uploader, UploaderConfig};
 use futures_lite::future::block_on;
 use s3::{
     BoxFuture, ByteRange, Bytes, Error as StoreError, ErrorKind, ListPage, LocalDirOptions,
@@ -346,17 +349,30 @@ fn the_settlers_slot_reads_are_verified_and_its_objects_assembled_by_the_uploade
             "a corrupt slot must not read back as one: {refused:?}"
         );
 
-        // A settled object: assembled by the uploader exactly as its layout says.
+        // A settled object: assembled by the uploader exactly as its layout says, from a
+        // slot fetched and from a chunk lent from this thread's memory (as the settler
+        // lends a cached chunk), its envelope apart.
         let mut builder = SettledBuilder::new(s, 0);
         for slot in &slots {
             builder.push(slot).expect("contiguous slots");
         }
         let layout = builder.finish().expect("two slots");
         let settled_key = layout.key(BucketName::parse("apps").expect("bucket")).to_string();
-        let slices: Vec<&[u8]> = slots.iter().map(|slot| &slot[..]).collect();
-        let expected = layout.assemble(&slices);
-        block_on(uploader.put_settled(settled_key.clone(), layout, slots.clone()))
+        let parts: Vec<SlotParts<'_>> =
+            slots.iter().map(|slot| SlotParts::of(slot).expect("whole slots")).collect();
+        let expected = layout.assemble(&parts);
+        let cached = parts[1];
+        let header = Slot::parse(&slots[1]).expect("a slot").chunk.header;
+        let chunk: Rc<dyn ChunkSource> = Rc::new(SealedChunk::copy_of(cached.chunk, header));
+        let loan = ChunkLoan::new(Rc::clone(&chunk));
+        let handed = vec![
+            SettledSlot::Fetched(slots[0].clone()),
+            SettledSlot::Cached { envelope: *cached.envelope, chunk: loan.lend_bytes() },
+        ];
+        block_on(uploader.put_settled(settled_key.clone(), layout, handed))
             .expect("settled object written");
+        drop(loan);
+        assert_eq!(Rc::strong_count(&chunk), 1, "the uploader gave the lent chunk back");
         let stored = rt.block_on(store.get(&settled_key, ByteRange::All)).expect("settled");
         assert_eq!(stored, expected);
         uploader.stop();

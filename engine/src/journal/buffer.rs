@@ -13,16 +13,14 @@
 //!
 //! Never `Send`: the memory belongs to the shard's executor. An express chunk still
 //! reaches the uploader's thread without a copy: the shard lends its bytes
-//! ([`ChunkLoan`]), holding the chunk until the uploader has given them back.
+//! ([`crate::loan::ChunkLoan`]), holding the chunk until the uploader has given them back.
 
 use std::cell::Cell;
-use std::ptr::NonNull;
 use std::rc::Rc;
-use std::sync::Arc;
 
 use glommio::io::DmaBuffer;
 
-use crate::chunk::{ChunkHeader, ChunkStorage, SealedChunk};
+use crate::chunk::ChunkStorage;
 
 /// A 4 KiB-aligned DMA buffer a chunk is built in; see the module docs.
 pub struct JournalBuffer {
@@ -86,88 +84,6 @@ impl ChunkStorage for JournalBuffer {
             buf.trim_to_size(len);
         }
         buf.as_bytes_mut()
-    }
-}
-
-/// A sealed express chunk lent to another thread, on the shard's side: it holds the chunk
-/// (and so its memory) at least until every [`LentChunk`] of it is dropped.
-///
-/// Dropped while a `LentChunk` is still out (a shard torn down with an upload on its
-/// way), it does not wait, which could be as long as a store outage lasts, and it does
-/// not free: it leaks its hold on the chunk, so the memory stays valid for the reader.
-/// A glommio DMA buffer keeps the allocator it came from alive, so a leaked one stays
-/// mapped after its executor is gone.
-pub struct ChunkLoan {
-    chunk: Rc<SealedChunk<JournalBuffer>>,
-    /// One count per `LentChunk` out, besides this one.
-    out: Arc<()>,
-}
-
-impl ChunkLoan {
-    pub fn new(chunk: Rc<SealedChunk<JournalBuffer>>) -> Self {
-        Self { chunk, out: Arc::new(()) }
-    }
-
-    pub fn chunk(&self) -> &Rc<SealedChunk<JournalBuffer>> {
-        &self.chunk
-    }
-
-    /// The chunk's bytes and header, readable from any thread while this loan lives.
-    pub fn lend(&self) -> LentChunk {
-        let bytes = self.chunk.bytes();
-        LentChunk {
-            header: *self.chunk.header(),
-            ptr: NonNull::from(bytes).cast(),
-            len: bytes.len(),
-            _out: Arc::clone(&self.out),
-        }
-    }
-}
-
-impl Drop for ChunkLoan {
-    fn drop(&mut self) {
-        // `get_mut` succeeds only with no other count left, and synchronises with the
-        // drops that released them (Arc's release decrement, acquire here): every read
-        // through a `LentChunk` happened before the chunk can be freed below.
-        if Arc::get_mut(&mut self.out).is_none() {
-            std::mem::forget(Rc::clone(&self.chunk));
-        }
-    }
-}
-
-/// The bytes of a sealed express chunk in its shard's journal buffer, lent by a
-/// [`ChunkLoan`] for reading on another thread (the uploader's), with no copy.
-pub struct LentChunk {
-    header: ChunkHeader,
-    ptr: NonNull<u8>,
-    len: usize,
-    _out: Arc<()>,
-}
-
-// SAFETY: a `LentChunk` only reads `ptr..ptr + len`, which its `ChunkLoan` keeps
-// allocated until this is dropped (or forever, see `ChunkLoan`'s drop), and nothing
-// writes there meanwhile: the loan holds an `Rc` of the sealed chunk, and a sealed
-// chunk's bytes are mutable only through `&mut`, i.e. with no other `Rc` of it.
-unsafe impl Send for LentChunk {}
-// SAFETY: as for `Send`; shared access is reads only.
-unsafe impl Sync for LentChunk {}
-
-impl LentChunk {
-    /// The chunk, exactly `header().chunk_len()` bytes.
-    pub fn bytes(&self) -> &[u8] {
-        // SAFETY: `ptr..ptr + len` was a `&[u8]` of the chunk when lent, and stays
-        // allocated and unchanged while this lives (see the `Send` impl).
-        unsafe { std::slice::from_raw_parts(self.ptr.as_ptr(), self.len) }
-    }
-
-    pub fn header(&self) -> &ChunkHeader {
-        &self.header
-    }
-}
-
-impl std::fmt::Debug for LentChunk {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.debug_struct("LentChunk").field("header", &self.header).finish_non_exhaustive()
     }
 }
 

@@ -55,7 +55,7 @@ use crate::chunk::{ChunkHeader, ENVELOPE_LEN, HEADER_LEN, Records, SealedChunk};
 use crate::error::Result;
 use crate::notify::Notify;
 
-pub use buffer::{ChunkLoan, JournalBuffer, LentChunk};
+pub use buffer::JournalBuffer;
 pub use envelope::{Envelope, EnvelopeError, Link};
 
 /// The suffix of segment file names: `<start LSN, 20 decimal digits>.journal`.

@@ -17,6 +17,7 @@ use crate::chunk::DIR_ENTRY_LEN;
 use crate::chunk::{ChunkBuilder, ChunkStorage};
 use crate::error::Error;
 use crate::ids::StreamId;
+use crate::loan::ChunkLoan;
 
 const STREAM: StreamId = StreamId(*b"journal-test-str");
 /// The smallest segment the knob allows, so tests roll and recycle with little data.

@@ -49,16 +49,15 @@ use std::rc::Rc;
 use std::sync::Arc;
 use std::time::Duration;
 
-use s3::Bytes;
-
 use crate::control::RefRow;
 use crate::error::{Error, Result};
 use crate::ids::StreamId;
+use crate::loan::ChunkLoan;
 use crate::names::BucketName;
 use crate::settled::SettledBuilder;
 use crate::stream::ChunkSource;
 use crate::transit::{SLOT_ENVELOPE_LEN, SlotEnvelope, TransitKey};
-use crate::uploader::LEADER_EPOCH;
+use crate::uploader::{LEADER_EPOCH, SettledSlot};
 
 use super::{ObjectSlot, Shard, Slot, Stored};
 
@@ -292,23 +291,29 @@ impl Shard {
             return Err(error);
         }
         let from_store = fetched.len() as u64;
+        // Declared before the slots, so dropped after them: a loan outlives what it lent.
+        let mut loans = Vec::new();
         let mut slots = Vec::with_capacity(run.len());
         for chunk in &run {
             slots.push(match &chunk.cached {
                 Some(cached) => {
-                    let slot = slot_of(cached.chunk_bytes())?;
-                    if slot.len() as u64 != chunk.slot.length {
+                    let loan = ChunkLoan::new(Rc::clone(cached));
+                    let slot = slot_of(&loan)?;
+                    loans.push(loan);
+                    if slot.parts().len() as u64 != chunk.slot.length {
                         return Err(Error::internal(format!(
                             "settling stream {id}: chunk {}'s slot is {} bytes, {} in {}",
                             chunk.first_seq_num,
-                            slot.len(),
+                            slot.parts().len(),
                             chunk.slot.length,
                             chunk.slot.key
                         )));
                     }
                     slot
                 }
-                None => fetched.pop_front().expect("one fetched slot per chunk not cached"),
+                None => SettledSlot::Fetched(
+                    fetched.pop_front().expect("one fetched slot per chunk not cached"),
+                ),
             });
         }
         self.count(|s| {
@@ -316,8 +321,8 @@ impl Shard {
             s.settled_from_memory += run.len() as u64 - from_store;
         });
         let mut builder = SettledBuilder::new(id, run[0].first_seq_num);
-        for bytes in &slots {
-            builder.push(bytes).map_err(|refused| {
+        for slot in &slots {
+            builder.push_parts(slot.parts()).map_err(|refused| {
                 Error::internal(format!("settling stream {id}: a slot was refused: {refused}"))
             })?;
         }
@@ -355,13 +360,13 @@ impl Shard {
     }
 }
 
-/// A cached chunk's transit slot, enveloped as the uploader envelops it, in aligned
-/// memory from the buffer pool.
-fn slot_of(chunk: &[u8]) -> Result<Bytes> {
+/// A cached chunk's transit slot: the chunk lent where it is, and the envelope the
+/// uploader gave it, written anew (same function, same leader epoch).
+fn slot_of(loan: &ChunkLoan<dyn ChunkSource>) -> Result<SettledSlot> {
     let mut envelope = [0; SLOT_ENVELOPE_LEN];
-    SlotEnvelope::write(&mut envelope, chunk, LEADER_EPOCH)
+    SlotEnvelope::write(&mut envelope, loan.chunk().chunk_bytes(), LEADER_EPOCH)
         .map_err(|e| Error::internal(format!("a cached chunk cannot be enveloped: {e}")))?;
-    Ok(crate::aligned::bytes_of(&[&envelope, chunk]))
+    Ok(SettledSlot::Cached { envelope, chunk: loan.lend_bytes() })
 }
 
 /// Runs `jobs` as tasks on this executor, at most `window` at once, and hands their

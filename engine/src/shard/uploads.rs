@@ -29,7 +29,8 @@ use std::sync::Arc;
 use crate::chunk::{ChunkHeader, SealedChunk};
 use crate::control::{ControlPlane, RefRow};
 use crate::error::{Error, Result};
-use crate::journal::{ChunkLoan, Journal, JournalBuffer, Location};
+use crate::journal::{Journal, JournalBuffer, Location};
+use crate::loan::ChunkLoan;
 use crate::meta::RedbMetaStore;
 use crate::stream::{ChunkSource, DurableChunk};
 use crate::uploader::{ChunkBody, Placement, UploadChunk, Uploader};
@@ -287,7 +288,7 @@ impl Shard {
 /// half of that buffer (a small batch in a fresh `--express-chunk-bytes` buffer). Then a
 /// copy of the chunk's own size, so that cached chunks cost about the bytes the memory
 /// budget counts.
-fn kept_in_memory(loan: &ChunkLoan) -> Option<Rc<dyn ChunkSource>> {
+fn kept_in_memory(loan: &ChunkLoan<SealedChunk<JournalBuffer>>) -> Option<Rc<dyn ChunkSource>> {
     let chunk = loan.chunk();
     let sparse = chunk.padded().len() * 2 < chunk.storage().allocated();
     sparse.then(|| Rc::new(SealedChunk::copy_of(chunk.bytes(), *chunk.header())) as _)
