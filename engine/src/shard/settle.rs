@@ -20,9 +20,9 @@
 //! `settles-in-flight-max` at once (runs are disjoint, so they settle independently).
 //! Each settle:
 //!
-//! 1. its chunks' slots are gathered: a chunk still in the shard's cache from memory,
-//!    its envelope written as the uploader writes it (so the slot is byte for byte the
-//!    one in its bundle), the others fetched, one ranged GET for each stretch of slots
+//! 1. its chunks' slots are gathered: a chunk still in the shard's cache lent from
+//!    memory (`loan::ChunkLoan`), its envelope written as the uploader writes it (so the
+//!    slot is byte for byte the one in its bundle), the others fetched, one ranged GET for each stretch of slots
 //!    back to back in one bundle, and verified;
 //! 2. the slots, unchanged, are laid out in one settled object, PUT create-only under
 //!    `<bucket>/<stream ID>/<first seq_num>` and retried until durable. The shard only
