@@ -47,7 +47,7 @@ use std::collections::{HashMap, VecDeque};
 use std::ops::Range;
 use std::rc::Rc;
 use std::sync::Arc;
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
 use crate::control::RefRow;
 use crate::error::{Error, Result};
@@ -116,8 +116,14 @@ impl Shard {
     pub(crate) async fn settler(self: Rc<Self>) {
         let window = self.config.settle.in_flight_max.max(1);
         let mut pushed_before = self.cache_pushed_bytes.get();
+        let mut tick = Instant::now();
         loop {
-            glommio::timer::sleep(self.config.settle.interval).await;
+            // Ticks keep their rate: a tick whose settles took longer than the interval
+            // is followed by the next at once, not an interval later. Chunks that came
+            // in meanwhile are planned (and so held) while still cached; a fixed pause
+            // after a long tick let a small cache turn over before the next plan.
+            glommio::timer::sleep(self.config.settle.interval.saturating_sub(tick.elapsed())).await;
+            tick = Instant::now();
             if self.closing.get() || self.failed.borrow().is_some() {
                 return;
             }
