@@ -19,8 +19,9 @@ use mimalloc::MiMalloc;
 /// malloc. An HTTP append allocates a few dozen small objects (hyper's buffers, names,
 /// the ack's JSON) and frees some of them on another thread; glibc served them from
 /// fragmented arenas, with `malloc_consolidate` on every allocation of a kilobyte or more,
-/// and that cost the shard 9% of its core. mimalloc's thread-local free lists made HTTP
-/// appends 25-40% faster on this machine (`scripts/ab`, docs/benchmarks.md).
+/// and that cost the shard 9% of its core. With mimalloc's thread-local free lists the
+/// shard spends about a fifth less CPU per GiB acknowledged (`scripts/ab`,
+/// docs/benchmarks.md).
 static BASE: MiMalloc = MiMalloc;
 
 /// The alignment of every chunk buffer: the logical block size O_DIRECT needs.
@@ -306,8 +307,9 @@ const POOLED_BYTES_MIN: usize = 64 << 10;
 /// It is for the buffers nova does not allocate itself: an express chunk is built in a
 /// glommio DMA buffer (`journal::JournalBuffer`), which glommio allocates with a 4 KiB
 /// alignment from the global allocator. glibc served those from `mmap` or from arena
-/// heaps it trims (mimalloc, too, gives freed memory back to the kernel), so a chunk's memory went back to the kernel when the cache evicted it
-/// and the next chunk faulted every page in again: under express appends over HTTP, 9% of
+/// heaps it trims (mimalloc, too, gives freed memory back to the kernel), so a chunk's
+/// memory went back to the kernel when the cache evicted it and the next chunk faulted
+/// every page in again: under express appends over HTTP, 9% of
 /// the shard's core in page faults and 3% more in `munmap` and its TLB shootdowns (perf,
 /// `scripts/ab`). Through the pool such a buffer goes to the next chunk with its old
 /// bytes, which changes nothing for its user: memory from `alloc` is uninitialised by

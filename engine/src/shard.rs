@@ -26,6 +26,7 @@
 
 mod recovery;
 mod settle;
+mod ticker;
 mod uploads;
 
 pub use settle::SettleConfig;
@@ -1115,8 +1116,9 @@ impl Shard {
     /// trims on time like a busy one; a reconfigured age applies at the next pass.
     /// Runs until the shard closes.
     pub(crate) async fn retention(self: Rc<Self>) {
+        let mut ticker = ticker::Ticker::new(self.config.retention_interval);
         loop {
-            glommio::timer::sleep(self.config.retention_interval).await;
+            ticker.tick().await;
             if self.closing.get() || self.failed.borrow().is_some() {
                 return;
             }

@@ -763,9 +763,7 @@ mod tests {
     fn every_knob_refuses_one_past_its_range() {
         for knob in KNOBS {
             let range = format!("{}..={}", knob.min, knob.max);
-            let mut outside = vec![knob.max.checked_add(1)];
-            outside.push(knob.min.checked_sub(1));
-            for value in outside.into_iter().flatten() {
+            for value in [knob.max.checked_add(1), knob.min.checked_sub(1)].into_iter().flatten() {
                 let err = knob.parse(&value.to_string()).expect_err(knob.flag);
                 assert!(err.message.starts_with(&format!("--{}:", knob.flag)), "{err}");
                 assert!(err.message.contains(&range), "{err}");

@@ -22,8 +22,8 @@
 //!
 //! 1. its chunks' slots are gathered: a chunk still in the shard's cache lent from
 //!    memory (`loan::ChunkLoan`), its envelope written as the uploader writes it (so the
-//!    slot is byte for byte the one in its bundle), the others fetched, one ranged GET for each stretch of slots
-//!    back to back in one bundle, and verified;
+//!    slot is byte for byte the one in its bundle), the others fetched, one ranged GET
+//!    for each stretch of slots back to back in one bundle, and verified;
 //! 2. the slots, unchanged, are laid out in one settled object, PUT create-only under
 //!    `<bucket>/<stream ID>/<first seq_num>` and retried until durable. The shard only
 //!    plans: the verification (1) and the object's assembly (2), each a pass over every
@@ -47,7 +47,7 @@ use std::collections::{HashMap, VecDeque};
 use std::ops::Range;
 use std::rc::Rc;
 use std::sync::Arc;
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
 use crate::control::RefRow;
 use crate::error::{Error, Result};
@@ -59,6 +59,7 @@ use crate::stream::ChunkSource;
 use crate::transit::{SLOT_ENVELOPE_LEN, SlotEnvelope, TransitKey};
 use crate::uploader::{LEADER_EPOCH, SettledSlot};
 
+use super::ticker::Ticker;
 use super::{ObjectSlot, Shard, Slot, Stored};
 
 /// When and how big to settle (`tuning`: settle-*).
@@ -116,14 +117,11 @@ impl Shard {
     pub(crate) async fn settler(self: Rc<Self>) {
         let window = self.config.settle.in_flight_max.max(1);
         let mut pushed_before = self.cache_pushed_bytes.get();
-        let mut tick = Instant::now();
+        // A tick whose settles overran the interval is followed at once (`Ticker`), so
+        // the chunks that came in meanwhile are planned, and held, while still cached.
+        let mut ticker = Ticker::new(self.config.settle.interval);
         loop {
-            // Ticks keep their rate: a tick whose settles took longer than the interval
-            // is followed by the next at once, not an interval later. Chunks that came
-            // in meanwhile are planned (and so held) while still cached; a fixed pause
-            // after a long tick let a small cache turn over before the next plan.
-            glommio::timer::sleep(self.config.settle.interval.saturating_sub(tick.elapsed())).await;
-            tick = Instant::now();
+            ticker.tick().await;
             if self.closing.get() || self.failed.borrow().is_some() {
                 return;
             }
