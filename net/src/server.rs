@@ -1,5 +1,5 @@
-//! The HTTP server: one listener per shard on the same address (glommio sets
-//! SO_REUSEPORT, so the kernel spreads connections and accepting is shared-nothing),
+//! The HTTP server: one listener per shard on the same address (SO_REUSEPORT, so the
+//! kernel spreads connections and accepting is shared-nothing),
 //! hyper's HTTP/1.1 with keep-alive on each accepted connection, at most
 //! `--http-connections-max` connections per shard (the permit is taken before a
 //! connection is accepted), and a graceful stop: when the node stops, each shard stops
@@ -76,13 +76,33 @@ async fn until_stopping<T>(context: &ServiceContext, work: impl Future<Output = 
     .await
 }
 
+/// Connections the kernel queues for a shard's `accept` (glommio's own `bind` uses 1024).
+const LISTEN_BACKLOG: i32 = 1024;
+
+/// A shard's listener on `address`: SO_REUSEPORT, so every shard listens on the one
+/// port, and SO_REUSEADDR, so a restart finds its port free while the connections the
+/// last run closed wait out TIME_WAIT. (glommio's `TcpListener::bind` sets only the
+/// first: a server restarted within a minute of closing connections found its own port
+/// "in use".) The accepted connections inherit both.
+fn listen(address: SocketAddr) -> std::io::Result<TcpListener> {
+    use socket2::{Domain, Protocol, Socket, Type};
+    use std::os::fd::{FromRawFd as _, IntoRawFd as _};
+    let socket = Socket::new(Domain::for_address(address), Type::STREAM, Some(Protocol::TCP))?;
+    socket.set_reuse_address(true)?;
+    socket.set_reuse_port(true)?;
+    socket.bind(&address.into())?;
+    socket.listen(LISTEN_BACKLOG)?;
+    // SAFETY: a bound, listening socket whose descriptor the listener now owns alone.
+    Ok(unsafe { TcpListener::from_raw_fd(socket.into_raw_fd()) })
+}
+
 async fn serve_shard(
     context: ServiceContext,
     config: ServerConfig,
     metrics: Arc<Metrics>,
     bound: flume::Sender<Result<(), String>>,
 ) {
-    let listener = match TcpListener::bind(config.listen) {
+    let listener = match listen(config.listen) {
         Ok(listener) => {
             let _ = bound.send(Ok(()));
             listener

@@ -931,6 +931,39 @@ fn s3_sigterm_exits_zero_and_acknowledged_records_survive_a_restart() {
     sigterm_case(Store::s3());
 }
 
+#[test]
+fn a_restart_listens_on_the_port_its_last_run_closed_connections_on() {
+    use std::io::{Read as _, Write as _};
+    let dir = tempdir();
+    let data = dir.path().join("data");
+    let nova = Nova::start_with(&data, &[], &[]);
+    let address = nova.server.authority.clone();
+    // A connection the server closes first (the client asked it to, then waited for its
+    // end) waits out TIME_WAIT on the server's port after the server is gone.
+    let mut connection = std::net::TcpStream::connect(&address).expect("connect");
+    connection
+        .write_all(b"GET /health HTTP/1.1\r\nhost: nova\r\nconnection: close\r\n\r\n")
+        .expect("send");
+    let mut answer = String::new();
+    connection.read_to_string(&mut answer).expect("read to the server's close");
+    assert!(answer.starts_with("HTTP/1.1 200"), "{answer}");
+    drop(connection);
+    assert!(nova.terminate().success());
+    let nova = Nova::start_with(&data, &["--listen", &address], &[]);
+    assert_eq!(nova.server.authority, address);
+    nova.ok("GET", "/health", None, 200);
+
+    // The port is still refused to a second server while this one listens on it.
+    let other = std::process::Command::new(env!("CARGO_BIN_EXE_nova"))
+        .args(["serve", "--listen", &address, "--data-dir"])
+        .arg(dir.path().join("other"))
+        .output()
+        .expect("run a second nova serve");
+    let stderr = String::from_utf8_lossy(&other.stderr);
+    assert!(!other.status.success(), "{stderr}");
+    assert!(stderr.contains(&format!("cannot listen on {address}")), "{stderr}");
+}
+
 fn sigterm_case(store: Store) {
     let dir = tempdir();
     let data = dir.path().join("data");
