@@ -139,9 +139,10 @@ impl Drop for AlignedBuf {
 // A fresh allocation of chunk size comes from the kernel as untouched pages, so the first
 // write to each 4 KiB page faults: under an express append load that was a fifth of the
 // shard's time (perf, `bench http`). Freed buffers are therefore kept, up to a bound, and
-// handed out again for a request of the same size class. Buffers cross threads (shard to
-// uploader and back), so the pool is one for the process, behind a lock taken once per
-// allocation and once per free.
+// handed out again for a request of the same size class (or, for nova's own buffers, a
+// class up to half as large again). Buffers cross threads (shard to uploader and back),
+// so the pool is one for the process, behind a lock taken once per allocation and once
+// per free.
 //
 // When a freed buffer does not fit under the bound, the buffers kept longest are freed
 // to make room for it: sizes the process stopped asking for (a burst of odd-sized chunks)
@@ -184,10 +185,12 @@ impl Pool {
         POOL.lock().unwrap_or_else(|e| e.into_inner())
     }
 
-    /// The youngest kept buffer of `capacity`'s class.
-    fn take(&mut self, capacity: usize) -> Option<FreeBuf> {
-        let age = self.unlist(capacity, VecDeque::pop_back)?;
-        Some(self.by_age.remove(&age).expect("every class entry has its buffer").1)
+    /// The youngest kept buffer of the smallest class in `capacity..=largest`, with its
+    /// capacity.
+    fn take(&mut self, capacity: usize, largest: usize) -> Option<(usize, FreeBuf)> {
+        let (&class, _) = self.classes.range(capacity..=largest).next()?;
+        let age = self.unlist(class, VecDeque::pop_back)?;
+        Some((class, self.by_age.remove(&age).expect("every class entry has its buffer").1))
     }
 
     /// The oldest kept buffer, with its capacity.
@@ -269,20 +272,29 @@ fn size_class(len: usize) -> usize {
     len.div_ceil(step) * step
 }
 
-/// An allocation of at least `len` bytes (a multiple of 4 KiB): a kept one of its size
-/// class if there is one, else a fresh one. Its bytes are not initialised.
+/// An allocation of at least `len` bytes (a multiple of 4 KiB), with its capacity: a
+/// kept one of its size class or up to half as large again if there is one, else a fresh
+/// one. Its bytes are not initialised.
+///
+/// The slack is for object bodies, whose sizes spread over many classes (transit bundles
+/// are cut by time as often as by size, from a few hundred KiB to the target): taking
+/// only their own class, many missed the pool and faulted in fresh pages. With the
+/// slack, the uploader thread's page faults in a `scripts/ab` run fell from 53k and 105k to
+/// 34k and 48k.
 fn allocate(len: usize) -> (NonNull<u8>, usize) {
-    try_allocate(len).unwrap_or_else(|| std::alloc::handle_alloc_error(layout(size_class(len))))
+    let capacity = size_class(len);
+    try_allocate(capacity, capacity + capacity / 2)
+        .unwrap_or_else(|| std::alloc::handle_alloc_error(layout(capacity)))
 }
 
-/// [`allocate`], or `None` where the system has no memory to give.
-fn try_allocate(len: usize) -> Option<(NonNull<u8>, usize)> {
-    let capacity = size_class(len);
-    if let Some(buf) = Pool::lock().take(capacity) {
-        return Some((buf.0, capacity));
+/// A kept buffer of a class in `capacity..=largest` (the smallest there is), else a
+/// fresh one of `capacity`; `None` where the system has no memory to give.
+fn try_allocate(capacity: usize, largest: usize) -> Option<(NonNull<u8>, usize)> {
+    if let Some((class, buf)) = Pool::lock().take(capacity, largest) {
+        return Some((buf.0, class));
     }
     let layout = layout(capacity);
-    // SAFETY: the layout has a non-zero size (capacity >= len >= ALIGNMENT). `BASE`,
+    // SAFETY: the layout has a non-zero size (a size class is at least ALIGNMENT). `BASE`,
     // not the global allocator: that may be [`PoolingAllocator`], which calls this.
     let raw = unsafe { BASE.alloc(layout) };
     NonNull::new(raw).map(|ptr| (ptr, capacity))
@@ -331,8 +343,9 @@ fn pooled(layout: Layout) -> bool {
 unsafe impl GlobalAlloc for PoolingAllocator {
     unsafe fn alloc(&self, layout: Layout) -> *mut u8 {
         if pooled(layout) {
-            try_allocate(round_up(layout.size()))
-                .map_or(std::ptr::null_mut(), |(ptr, _)| ptr.as_ptr())
+            // Its own class only: `dealloc` knows the capacity by the layout alone.
+            let capacity = size_class(round_up(layout.size()));
+            try_allocate(capacity, capacity).map_or(std::ptr::null_mut(), |(ptr, _)| ptr.as_ptr())
         } else {
             // SAFETY: the caller's contract, passed on.
             unsafe { BASE.alloc(layout) }
@@ -489,13 +502,51 @@ mod tests {
         // Larger than the whole pool: given straight back, nothing else goes.
         assert_eq!(addresses(pool.keep(11, buf(5), max)), [(11, 5)]);
         assert_eq!(pool.held, 7);
-        assert!(pool.take(2).is_none(), "its class left with it");
+        assert!(pool.take(2, 2).is_none(), "its class left with it");
         // 7 + 4 > 10: the older 4 goes.
         assert_eq!(addresses(pool.keep(4, buf(6), max)), [(4, 3)]);
-        assert_eq!(pool.take(4).map(|b| address(&b)), Some(6), "the youngest of its class");
-        assert_eq!(pool.take(4).map(|b| address(&b)), None);
-        assert_eq!(pool.take(3).map(|b| address(&b)), Some(4));
+        let taken = |pool: &mut Pool, capacity, largest| {
+            pool.take(capacity, largest).map(|(class, b)| (class, address(&b)))
+        };
+        assert_eq!(taken(&mut pool, 4, 4), Some((4, 6)), "the youngest of its class");
+        assert_eq!(taken(&mut pool, 4, 4), None);
+        assert_eq!(taken(&mut pool, 3, 3), Some((3, 4)));
         assert_eq!((pool.held, pool.by_age.len(), pool.classes.len()), (0, 0, 0));
+    }
+
+    #[test]
+    fn a_request_takes_the_smallest_kept_class_within_its_slack() {
+        let mut pool = Pool::new();
+        let buf = |n: usize| FreeBuf(NonNull::new((n * ALIGNMENT) as *mut u8).unwrap());
+        for (capacity, n) in [(8, 1), (6, 2), (5, 3), (5, 4)] {
+            assert!(pool.keep(capacity, buf(n), 100).is_empty());
+        }
+        let taken = |pool: &mut Pool, capacity, largest| {
+            pool.take(capacity, largest).map(|(class, b)| (class, b.0.as_ptr() as usize))
+        };
+        assert_eq!(taken(&mut pool, 4, 4), None, "no class of its own, no slack");
+        assert_eq!(taken(&mut pool, 4, 6), Some((5, 4 * ALIGNMENT)), "the smallest, youngest");
+        assert_eq!(taken(&mut pool, 4, 6), Some((5, 3 * ALIGNMENT)));
+        assert_eq!(taken(&mut pool, 4, 6), Some((6, 2 * ALIGNMENT)));
+        assert_eq!(taken(&mut pool, 4, 7), None, "the 8 is beyond the slack");
+        assert_eq!(pool.held, 8);
+    }
+
+    #[test]
+    fn a_buffer_from_a_larger_class_goes_back_as_that_class() {
+        // Sizes no other test uses, so the pool's other users cannot take them.
+        let large = size_class(905 * ALIGNMENT);
+        let asked = 801 * ALIGNMENT;
+        assert!(size_class(asked) < large && large <= size_class(asked) * 3 / 2);
+        let first = AlignedBuf::with_capacity(large);
+        let address = first.as_slice().as_ptr() as usize;
+        drop(first);
+        let again = AlignedBuf::with_capacity(asked);
+        assert_eq!(again.as_slice().as_ptr() as usize, address, "the larger buffer serves");
+        assert_eq!((again.as_slice().len(), again.capacity), (asked, large));
+        drop(again);
+        let whole = AlignedBuf::with_capacity(large);
+        assert_eq!(whole.as_slice().as_ptr() as usize, address, "kept as its own class");
     }
 
     #[test]
