@@ -152,6 +152,9 @@ async fn route(shared: &Rc<Shared>, request: Request<Incoming>) -> (&'static str
     let segments: Vec<&str> = path.trim_start_matches('/').split('/').collect();
     let not_allowed =
         |allowed: &str| Err(ApiError::method_not_allowed(method.as_str(), &path, allowed));
+    // For the verbs that take no query parameters: a misplaced one (a `match_seq_num`
+    // meant for the body) is refused, never ignored.
+    let refused = query(&request, &[]).err();
     match segments.as_slice() {
         ["health"] => (
             "health",
@@ -180,10 +183,16 @@ async fn route(shared: &Rc<Shared>, request: Request<Incoming>) -> (&'static str
                 Err(error) => return ("bucket", Err(error)),
             };
             match method {
-                Method::POST => ("create_bucket", create_bucket(shared, &bucket, request).await),
-                Method::GET => ("get_bucket", get_bucket(shared, &bucket).await),
-                Method::PUT => ("update_bucket", update_bucket(shared, &bucket, request).await),
-                Method::DELETE => ("delete_bucket", delete_bucket(shared, &bucket).await),
+                Method::POST => {
+                    ("create_bucket", bare(refused, create_bucket(shared, &bucket, request)).await)
+                }
+                Method::GET => ("get_bucket", bare(refused, get_bucket(shared, &bucket)).await),
+                Method::PUT => {
+                    ("update_bucket", bare(refused, update_bucket(shared, &bucket, request)).await)
+                }
+                Method::DELETE => {
+                    ("delete_bucket", bare(refused, delete_bucket(shared, &bucket)).await)
+                }
                 _ => ("bucket", not_allowed("POST, GET, PUT, DELETE")),
             }
         }
@@ -208,18 +217,22 @@ async fn route(shared: &Rc<Shared>, request: Request<Incoming>) -> (&'static str
             let (bucket, key) = (&address.0, &address.1);
             match (rest.first().copied(), method.clone()) {
                 (None, Method::POST) => {
-                    ("create_stream", create_stream(shared, bucket, key, request).await)
+                    let verb = create_stream(shared, bucket, key, request);
+                    ("create_stream", bare(refused, verb).await)
                 }
-                (None, Method::GET) => ("get_stream", get_stream(shared, bucket, key).await),
+                (None, Method::GET) => {
+                    ("get_stream", bare(refused, get_stream(shared, bucket, key)).await)
+                }
                 (None, Method::PATCH) => {
-                    ("reconfigure_stream", reconfigure(shared, bucket, key, request).await)
+                    let verb = reconfigure(shared, bucket, key, request);
+                    ("reconfigure_stream", bare(refused, verb).await)
                 }
                 (None, Method::DELETE) => {
-                    ("delete_stream", delete_stream(shared, bucket, key).await)
+                    ("delete_stream", bare(refused, delete_stream(shared, bucket, key)).await)
                 }
                 (None, _) => ("stream", not_allowed("POST, GET, PATCH, DELETE")),
                 (Some("records"), Method::POST) => {
-                    ("append", append(shared, bucket, key, request).await)
+                    ("append", bare(refused, append(shared, bucket, key, request)).await)
                 }
                 (Some("records"), Method::GET) => {
                     if accepts(&request, "text/event-stream") {
@@ -236,14 +249,16 @@ async fn route(shared: &Rc<Shared>, request: Request<Incoming>) -> (&'static str
                 }
                 (Some("records"), _) => ("records", not_allowed("POST, GET")),
                 (Some("tail"), Method::GET) => {
-                    ("check_tail", check_tail(shared, bucket, key).await)
+                    ("check_tail", bare(refused, check_tail(shared, bucket, key)).await)
                 }
                 (Some("tail"), _) => ("check_tail", not_allowed("GET")),
                 (Some("fence"), Method::POST) => {
-                    ("fence", fence(shared, bucket, key, request).await)
+                    ("fence", bare(refused, fence(shared, bucket, key, request)).await)
                 }
                 (Some("fence"), _) => ("fence", not_allowed("POST")),
-                (Some("trim"), Method::POST) => ("trim", trim(shared, bucket, key, request).await),
+                (Some("trim"), Method::POST) => {
+                    ("trim", bare(refused, trim(shared, bucket, key, request)).await)
+                }
                 (Some("trim"), _) => ("trim", not_allowed("POST")),
                 (Some("plan"), Method::GET) => {
                     ("read_plan", plan(shared, bucket, key, &request).await)
@@ -253,6 +268,14 @@ async fn route(shared: &Rc<Shared>, request: Request<Incoming>) -> (&'static str
             }
         }
         _ => ("unknown", Err(ApiError::no_route(method.as_str(), &path))),
+    }
+}
+
+/// Runs `verb` unless the request's query was `refused` (the verb takes no parameters).
+async fn bare(refused: Option<ApiError>, verb: impl Future<Output = Answer>) -> Answer {
+    match refused {
+        Some(error) => Err(error),
+        None => verb.await,
     }
 }
 
@@ -284,6 +307,13 @@ pub fn query(
         let (name, value) = pair.split_once('=').unwrap_or((pair, ""));
         let name = decode_segment(&name.replace('+', " "), "query parameter name")?;
         let value = decode_segment(&value.replace('+', " "), "query parameter value")?;
+        if accepted.is_empty() {
+            return Err(ApiError::invalid(format!(
+                "unknown query parameter {name:?}: {} {} takes no query parameters",
+                request.method(),
+                request.uri().path()
+            )));
+        }
         if !accepted.contains(&name.as_str()) {
             return Err(ApiError::invalid(format!(
                 "unknown query parameter {name:?}; accepted parameters are {}",

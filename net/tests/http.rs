@@ -964,6 +964,47 @@ fn a_restart_listens_on_the_port_its_last_run_closed_connections_on() {
     assert!(stderr.contains(&format!("cannot listen on {address}")), "{stderr}");
 }
 
+#[test]
+fn a_query_parameter_a_verb_does_not_take_is_refused_before_it_runs() {
+    let dir = tempdir();
+    let nova = Nova::start(dir.path());
+    nova.ok("POST", "/v1/buckets/qqq", None, 201);
+    nova.ok("POST", "/v1/streams/qqq/s", None, 201);
+    let append = r#"{"records":[{"body":"a"}]}"#;
+    nova.ok("POST", "/v1/streams/qqq/s/records", Some(append), 200);
+    // A condition in the query instead of the body would make an unconditional append.
+    let refused = nova.err(
+        "POST",
+        "/v1/streams/qqq/s/records?match_seq_num=0",
+        Some(append),
+        400,
+        "invalid_argument",
+    );
+    assert!(refused["message"].as_str().unwrap().contains("\"match_seq_num\""), "{refused}");
+    assert_eq!(nova.ok("GET", "/v1/streams/qqq/s/tail", None, 200)["tail"]["seq_num"], 1);
+    for (method, path, body) in [
+        ("POST", "/v1/buckets/qrr?x=1", None),
+        ("GET", "/v1/buckets/qqq?x=1", None),
+        ("PUT", "/v1/buckets/qqq?x=1", Some("{}")),
+        ("DELETE", "/v1/buckets/qqq?x=1", None),
+        ("POST", "/v1/streams/qqq/t?x=1", None),
+        ("GET", "/v1/streams/qqq/s?x=1", None),
+        ("PATCH", "/v1/streams/qqq/s?x=1", Some("{}")),
+        ("DELETE", "/v1/streams/qqq/s?x=1", None),
+        ("GET", "/v1/streams/qqq/s/tail?x=1", None),
+        ("POST", "/v1/streams/qqq/s/fence?x=1", Some(r#"{"fencing_token":"f"}"#)),
+        ("POST", "/v1/streams/qqq/s/trim?x=1", Some(r#"{"seq_num":1}"#)),
+    ] {
+        nova.err(method, path, body, 400, "invalid_argument");
+    }
+    // Nothing ran: no bucket qr, no stream t, no fence, no trim, the stream is there.
+    nova.err("GET", "/v1/buckets/qrr", None, 404, "not_found");
+    nova.err("GET", "/v1/streams/qqq/t", None, 404, "not_found");
+    let stream = nova.ok("GET", "/v1/streams/qqq/s/records?seq_num=0", None, 200);
+    assert_eq!(bodies(&stream), ["a"]);
+    nova.ok("POST", "/v1/streams/qqq/s/records", Some(append), 200);
+}
+
 fn sigterm_case(store: Store) {
     let dir = tempdir();
     let data = dir.path().join("data");
