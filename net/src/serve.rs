@@ -116,7 +116,7 @@ pub(crate) fn object_store(
 pub fn help() -> String {
     let mut text = String::from(
         "nova serve: run a nova node and its HTTP API\n\n\
-         usage: nova serve [--listen ADDR] [--data-dir DIR] [--s3-bucket NAME ...] [--KNOB VALUE ...]\n\n\
+         usage: nova serve [--listen ADDR] [--data-dir DIR] [--s3-bucket NAME ...] [--insecure-no-auth] [--KNOB VALUE ...]\n\n\
          example: nova serve --listen 127.0.0.1:8080 --data-dir ./nova-data\n\
          example: nova serve --s3-bucket nova --s3-endpoint http://127.0.0.1:9000 --s3-path-style\n\n\
          Objects go to <data-dir>/objects unless --s3-bucket names an S3 bucket:\n\n",
@@ -124,6 +124,11 @@ pub fn help() -> String {
     for (flag, help) in S3_FLAGS {
         text.push_str(&format!("  --{flag}: {help}\n"));
     }
+    text.push_str(&format!(
+        "\nnova has no authentication yet, so it serves only a loopback address unless\n\
+         --{INSECURE_NO_AUTH} is given (then it warns at start):\n\n  \
+         --{INSECURE_NO_AUTH}: serve a non-loopback --listen address without authentication\n"
+    ));
     text.push_str(
         "\nEvery other setting comes from its flag, else its environment variable, else the default:\n\n",
     );
@@ -140,6 +145,19 @@ pub fn help() -> String {
         ));
     }
     text
+}
+
+/// Refusing to serve a non-loopback address is the default, since nova has no
+/// authentication yet (spec/auth.md: "binding any other address without auth needs an
+/// explicit `--insecure-no-auth` flag, and the server warns at start").
+const INSECURE_NO_AUTH: &str = "insecure-no-auth";
+
+/// Flags that mean true when given alone.
+const SWITCHES: [&str; 2] = ["s3-path-style", INSECURE_NO_AUTH];
+
+/// The cores this process may run on.
+fn cores() -> usize {
+    std::thread::available_parallelism().map_or(1, |n| n.get())
 }
 
 fn flag_value<'a>(flags: &'a [(String, String)], name: &str) -> Option<&'a str> {
@@ -164,8 +182,8 @@ pub fn run(args: &[String]) -> Result<(), String> {
         };
         let (name, value) = match name.split_once('=') {
             Some((name, value)) => (name.to_owned(), value.to_owned()),
-            // The one switch: `--s3-path-style` alone means true.
-            None if name == "s3-path-style"
+            // The switches: alone, they mean true.
+            None if SWITCHES.contains(&name)
                 && rest.clone().next().is_none_or(|next| next.starts_with("--")) =>
             {
                 (name.to_owned(), "true".to_owned())
@@ -177,7 +195,8 @@ pub fn run(args: &[String]) -> Result<(), String> {
         };
         let known = tuning::TEXT_KNOBS.iter().any(|k| k.flag == name)
             || tuning::KNOBS.iter().any(|k| k.flag == name)
-            || S3_FLAGS.iter().any(|(flag, _)| *flag == name);
+            || S3_FLAGS.iter().any(|(flag, _)| *flag == name)
+            || name == INSECURE_NO_AUTH;
         if !known {
             return Err(format!("unknown flag --{name}\n\n{}", help()));
         }
@@ -197,6 +216,26 @@ pub fn run(args: &[String]) -> Result<(), String> {
         let probe = std::net::TcpListener::bind(listen)
             .map_err(|e| format!("cannot listen on {listen}: {e}"))?;
         listen = probe.local_addr().map_err(|e| format!("cannot listen on {listen}: {e}"))?;
+    }
+
+    let insecure = match flag_value(&flags, INSECURE_NO_AUTH) {
+        None | Some("false") => false,
+        Some("true") => true,
+        Some(other) => return Err(format!("--{INSECURE_NO_AUTH} is true or false, not {other:?}")),
+    };
+    if !listen.ip().is_loopback() {
+        if !insecure {
+            return Err(format!(
+                "--listen {listen} is not a loopback address, and nova has no authentication \
+                 yet: anyone who can reach the port could read, write and delete every \
+                 stream. Listen on 127.0.0.1, or pass --{INSECURE_NO_AUTH} to serve it anyway"
+            ));
+        }
+        eprintln!(
+            "nova: WARNING: listening on {listen} without authentication \
+             (--{INSECURE_NO_AUTH}): anyone who can reach the port can read, write and \
+             delete every stream"
+        );
     }
 
     let mut config = NodeConfig::new(&data_dir);
@@ -234,6 +273,12 @@ pub fn run(args: &[String]) -> Result<(), String> {
             }
         }
     }
+    eprintln!(
+        "nova: {shard_count} shard{} (--shards) and one uploader thread, on {} core{}",
+        if shard_count == 1 { "" } else { "s" },
+        cores(),
+        if cores() == 1 { "" } else { "s" },
+    );
     println!("nova listening on http://{listen}");
     use std::io::Write as _;
     let _ = std::io::stdout().flush();

@@ -1005,6 +1005,28 @@ fn a_query_parameter_a_verb_does_not_take_is_refused_before_it_runs() {
     nova.ok("POST", "/v1/streams/qqq/s/records", Some(append), 200);
 }
 
+#[test]
+fn a_non_loopback_address_is_served_only_with_insecure_no_auth_and_a_warning() {
+    let dir = tempdir();
+    let refused = std::process::Command::new(env!("CARGO_BIN_EXE_nova"))
+        .args(["serve", "--listen", "0.0.0.0:0", "--data-dir"])
+        .arg(dir.path().join("refused"))
+        .output()
+        .expect("run nova serve");
+    let stderr = String::from_utf8_lossy(&refused.stderr);
+    assert!(!refused.status.success(), "{stderr}");
+    assert!(stderr.contains("not a loopback address") && stderr.contains("--insecure-no-auth"));
+    assert!(!dir.path().join("refused").exists(), "refused before it touched the disk");
+
+    let log = dir.path().join("log");
+    let flags = ["--listen", "0.0.0.0:0", "--insecure-no-auth"];
+    let nova = Nova::start_logging(&dir.path().join("data"), &flags, &log);
+    nova.ok("GET", "/health", None, 200);
+    let log = std::fs::read_to_string(&log).expect("read the log");
+    assert!(log.contains("WARNING: listening on 0.0.0.0:") && log.contains("authentication"));
+    assert!(log.contains("nova: 2 shards (--shards) and one uploader thread, on "), "{log}");
+}
+
 fn sigterm_case(store: Store) {
     let dir = tempdir();
     let data = dir.path().join("data");
