@@ -12,7 +12,7 @@
 //!    One whose refs take longer is refused them, and the shard writes its chunks to a
 //!    new bundle (`shard/uploads.rs`): a slow metadata write costs a rewrite, never an
 //!    acknowledged record.
-//! 3. **Dead objects past the read grace** (`--auditor-read-grace-ms` since the mark)
+//! 3. **Dead objects past the read grace** (`--auditor-read-grace` since the mark)
 //!    are deleted, after the refs are read once more. A mark also blocks new refs to the
 //!    object (`ControlPlane::put_refs` checks it in the same transaction), so between
 //!    that last look and the delete no reader can be handed the object anew; a reader
@@ -42,7 +42,7 @@ use crate::transit::TransitKey;
 /// When the auditor runs and how long dead objects stay readable.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct AuditorConfig {
-    /// How long a dead object stays in the store after its mark (`auditor-read-grace-ms`).
+    /// How long a dead object stays in the store after its mark (`auditor-read-grace`).
     pub read_grace: Duration,
     /// Time between passes (`auditor-interval-ms`).
     pub interval: Duration,
@@ -51,7 +51,7 @@ pub struct AuditorConfig {
 impl Default for AuditorConfig {
     fn default() -> Self {
         Self {
-            read_grace: Duration::from_millis(tuning::AUDITOR_READ_GRACE_MS.default),
+            read_grace: Duration::from_millis(tuning::AUDITOR_READ_GRACE.default),
             interval: Duration::from_millis(tuning::AUDITOR_INTERVAL_MS.default),
         }
     }

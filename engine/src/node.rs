@@ -177,7 +177,7 @@ impl NodeConfig {
         uploader.backoff_initial = ms(value(t::UPLOAD_BACKOFF_INITIAL_MS)?);
         uploader.backoff_max = ms(value(t::UPLOAD_BACKOFF_MAX_MS)?);
         uploader.drain = ms(value(t::UPLOADER_DRAIN_MS)?);
-        self.auditor.read_grace = ms(value(t::AUDITOR_READ_GRACE_MS)?);
+        self.auditor.read_grace = ms(value(t::AUDITOR_READ_GRACE)?);
         self.auditor.interval = ms(value(t::AUDITOR_INTERVAL_MS)?);
         self.local_store.io_concurrency = count(value(t::LOCAL_STORE_IO_CONCURRENCY)?);
         self.local_store.write_bytes = count(value(t::LOCAL_STORE_WRITE_BYTES)?);

@@ -424,14 +424,14 @@ pub const RETENTION_INTERVAL_MS: Knob = Knob {
 };
 
 /// How long an object no ref names stays in the store before the auditor deletes it.
-pub const AUDITOR_READ_GRACE_MS: Knob = Knob {
-    flag: "auditor-read-grace-ms",
-    env: "NOVA_AUDITOR_READ_GRACE_MS",
+pub const AUDITOR_READ_GRACE: Knob = Knob {
+    flag: "auditor-read-grace",
+    env: "NOVA_AUDITOR_READ_GRACE",
     unit: Unit::Milliseconds,
     default: 600_000,
     min: 0,
     max: 604_800_000,
-    help: "time from the moment the auditor marks an object dead (no ref names it) to its deletion; readers holding a ReadPlan or a fetch in flight keep working through it",
+    help: "time from the moment the auditor marks an object dead (no ref names it) to its deletion, e.g. 10m (the name retention.md gives it, so it has no -ms); readers holding a ReadPlan or a fetch in flight keep working through it",
     reason: "ten minutes (operations.md) outlasts any fetch and a ReadPlan client's usual work, while trimmed history stops costing storage soon after",
 };
 
@@ -566,7 +566,7 @@ pub const KNOBS: &[Knob] = &[
     SETTLE_EARLY_BYTES_MIN,
     SETTLES_IN_FLIGHT_MAX,
     RETENTION_INTERVAL_MS,
-    AUDITOR_READ_GRACE_MS,
+    AUDITOR_READ_GRACE,
     AUDITOR_INTERVAL_MS,
     UPLOADER_QUEUE_DEPTH,
     UPLOAD_BACKOFF_INITIAL_MS,
