@@ -337,7 +337,8 @@ fn number_param(pairs: &[(String, String)], name: &str) -> Result<Option<u64>, A
         .map(|text| {
             text.parse::<u64>().map_err(|_| {
                 ApiError::invalid(format!(
-                    "query parameter {name} must be a whole number >= 0, not {text:?}"
+                    "query parameter {name} must be a whole number from 0 to {}, not {text:?}",
+                    u64::MAX
                 ))
             })
         })

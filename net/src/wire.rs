@@ -126,14 +126,21 @@ impl Object {
     pub fn u64(&self, field: &str) -> Result<Option<u64>, ApiError> {
         self.get(field)
             .map(|value| {
-                value.as_u64().ok_or_else(|| self.wrong(field, "a whole number >= 0", value))
+                value.as_u64().ok_or_else(|| {
+                    self.wrong(field, &format!("a whole number from 0 to {}", u64::MAX), value)
+                })
             })
             .transpose()
     }
 
     pub fn i64(&self, field: &str) -> Result<Option<i64>, ApiError> {
         self.get(field)
-            .map(|value| value.as_i64().ok_or_else(|| self.wrong(field, "a whole number", value)))
+            .map(|value| {
+                value.as_i64().ok_or_else(|| {
+                    let range = format!("a whole number from {} to {}", i64::MIN, i64::MAX);
+                    self.wrong(field, &range, value)
+                })
+            })
             .transpose()
     }
 
@@ -455,6 +462,16 @@ mod tests {
     fn wrong_types_name_the_field() {
         let error = stream_create(br#"{"retention_max_age_ms":"1h"}"#).expect_err("refused");
         assert!(error.message.contains("field retention_max_age_ms"), "{}", error.message);
+        // Out of range: the message names the range.
+        let error = stream_create(br#"{"retention_max_age_ms":18446744073709551616}"#)
+            .expect_err("refused");
+        let range = "must be a whole number from 0 to 18446744073709551615";
+        assert!(error.message.contains(range), "{}", error.message);
+        let body = br#"{"records":[{"body":"a","timestamp":9223372036854775808}]}"#;
+        let error = append_request(body, Encoding::Text).expect_err("refused");
+        let range = "records[0].timestamp must be a whole number from -9223372036854775808 to \
+                     9223372036854775807";
+        assert!(error.message.contains(range), "{}", error.message);
         let error = bucket_create(br#"{"default_class":"fast"}"#).expect_err("refused");
         assert!(error.message.contains("default_class"), "{}", error.message);
     }
