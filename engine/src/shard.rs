@@ -227,6 +227,10 @@ pub struct PlanRequest {
 /// records, in order, for clients that read the store directly.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct ReadPlan {
+    /// The first record the plan is for: the start resolved (a timestamp or tail offset
+    /// to its seq_num, a start below the trim watermark to the watermark). Records of
+    /// the first extent before it are not part of the answer; they may be trimmed.
+    pub start_seq_num: u64,
     pub extents: Vec<Extent>,
     /// Where records only this node holds start (not yet in the object store), when the
     /// request reaches them: read those through the API.
@@ -977,8 +981,12 @@ impl Shard {
     async fn plan(&self, slot: &Slot, request: PlanRequest) -> Result<ReadPlan> {
         let from = self.locate(slot, request.start, request.clamp).await?;
         let leader = slot.leader.borrow();
-        let mut plan =
-            ReadPlan { extents: Vec::new(), memory_from_seq_num: None, tail: leader.tail() };
+        let mut plan = ReadPlan {
+            start_seq_num: from,
+            extents: Vec::new(),
+            memory_from_seq_num: None,
+            tail: leader.tail(),
+        };
         for chunk in leader.chunks_from(from, request.limits) {
             match &chunk.location {
                 Stored::Object(object) => plan.extents.push(Extent {

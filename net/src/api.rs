@@ -731,6 +731,7 @@ async fn plan(
         })
         .collect();
     ok(&json!({
+        "start_seq_num": plan.start_seq_num,
         "extents": extents,
         "memory_from_seq_num": plan.memory_from_seq_num,
         "tail": position(plan.tail),

@@ -1138,6 +1138,16 @@ fn read_plan_lists_the_objects_holding_records(nova: &Nova) {
     assert!(bad["message"].as_str().expect("message").contains("wait"), "{bad}");
     nova.err("GET", "/v1/streams/pln/s/plan?seq_num=99", None, 416, "out_of_range");
     assert_eq!(nova.call("POST", "/v1/streams/pln/s/plan", None).status, 405);
+    // A plan from below the trim watermark starts at it: the extent still holds the
+    // trimmed record, and start_seq_num tells the client to skip it.
+    assert_eq!(plan["start_seq_num"], 4, "{plan}");
+    nova.ok("POST", "/v1/streams/pln/s/trim", Some(r#"{"seq_num":3}"#), 200);
+    let plan = nova.ok("GET", "/v1/streams/pln/s/plan?seq_num=0", None, 200);
+    assert_eq!(plan["start_seq_num"], 3, "{plan}");
+    let first = &plan["extents"][0];
+    assert_eq!((first["first_seq_num"].as_u64(), first["count"].as_u64()), (Some(2), Some(2)));
+    let read = nova.ok("GET", "/v1/streams/pln/s/records?seq_num=0&count=1", None, 200);
+    assert_eq!(bodies(&read), ["q1"], "a read starts at the watermark too");
 }
 
 /// Reads the binary frames of a subscription: the records' bodies and the other frames.
