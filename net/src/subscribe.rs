@@ -50,11 +50,18 @@ pub enum Wire {
 }
 
 /// What is left of a subscription's bounds.
+///
+/// `bytes` bounds the whole subscription, and only its first record may alone exceed it
+/// (streams.md, decisions.md). Each page is read with what is left as its byte budget,
+/// but the engine returns a page's first record even when it alone exceeds the page's
+/// budget, so a page after the first record delivered is checked with [`Left::fits`].
 #[derive(Clone, Copy, Debug)]
 struct Left {
     count: Option<u64>,
     bytes: Option<u64>,
     until: Option<u64>,
+    /// A record has been delivered, so no other record may exceed what is left.
+    delivered: bool,
 }
 
 impl Left {
@@ -62,9 +69,16 @@ impl Left {
         self.count == Some(0) || self.bytes == Some(0)
     }
 
+    /// Whether every record of `page` may be delivered: the first record of the
+    /// subscription always may, any later one only within what is left of `bytes`.
+    fn fits(&self, page: &ReadReply) -> bool {
+        !self.delivered || self.bytes.is_none_or(|bytes| page.content_bytes <= bytes)
+    }
+
     fn take(&mut self, page: &ReadReply) {
         self.count = self.count.map(|c| c.saturating_sub(page.record_count));
         self.bytes = self.bytes.map(|b| b.saturating_sub(page.content_bytes));
+        self.delivered |= page.record_count > 0;
     }
 
     fn request(
@@ -106,7 +120,8 @@ pub async fn subscribe(
         Some(last) => ReadStart::SeqNum(last.saturating_add(1)),
         None => params.start,
     };
-    let left = Left { count: params.count, bytes: params.bytes, until: params.until };
+    let left =
+        Left { count: params.count, bytes: params.bytes, until: params.until, delivered: false };
     // The first page is read before the response starts, so a start past the tail is an
     // ordinary HTTP error.
     let first =
@@ -204,6 +219,15 @@ impl Subscription {
         loop {
             let (next_seq_num, tail, reached_until) =
                 (page.next_seq_num, page.tail, page.reached_until);
+            if page.record_count > 0 && !self.left.fits(&page) {
+                // Past the page's byte budget only with its first record (stream.rs
+                // `Leader::page`), so the page is that one record: the subscription ends
+                // before it.
+                debug_assert_eq!(page.record_count, 1, "only a page's first record overruns");
+                let first_seq_num = next_seq_num - page.record_count;
+                self.send(self.end(first_seq_num, tail)).await;
+                return;
+            }
             if page.record_count > 0 {
                 self.left.take(&page);
                 let records = match self.records(page) {

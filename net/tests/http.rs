@@ -735,6 +735,92 @@ fn subscription_resumes_after_last_event_id_and_ends_at_a_bound(nova: &Nova) {
     assert!(body.ends_with("\n\n") && body.contains("event: end"), "{body}");
 }
 
+/// Creates the express stream `<bucket>/s` holding `aaa`, `bbb`, `ccc` appended as one
+/// batch, then `ddd` and `eee` each alone: 3 content bytes a record.
+fn create_three_then_two(nova: &Nova, bucket: &str) {
+    nova.ok("POST", &format!("/v1/buckets/{bucket}"), Some(r#"{"default_class":"express"}"#), 201);
+    nova.ok("POST", &format!("/v1/streams/{bucket}/s"), None, 201);
+    for batch in [&["aaa", "bbb", "ccc"][..], &["ddd"], &["eee"]] {
+        append_bodies(nova, bucket, batch);
+    }
+}
+
+fn append_bodies(nova: &Nova, bucket: &str, bodies: &[&str]) {
+    let records: Vec<Value> = bodies.iter().map(|b| json!({"body": b})).collect();
+    let body = json!({"records": records}).to_string();
+    nova.ok("POST", &format!("/v1/streams/{bucket}/s/records"), Some(&body), 200);
+}
+
+fn owned(records: &[(u64, &str)]) -> Vec<(u64, String)> {
+    records.iter().map(|&(seq_num, body)| (seq_num, body.to_owned())).collect()
+}
+
+/// Reads an SSE subscription to its end: the records of its `batch` events (pings are
+/// skipped), and the data of the `end` event, after which the stream must close.
+fn sse_records_then_end(stream: &mut client::Streaming) -> (Vec<(u64, String)>, Value) {
+    let mut seen = Vec::new();
+    loop {
+        let next = event(stream);
+        let data: Value = serde_json::from_str(&next.data).expect("json");
+        match next.event.as_str() {
+            "batch" => seen.extend(data["records"].as_array().expect("records").iter().map(|r| {
+                let seq_num = r["seq_num"].as_u64().expect("a seq_num");
+                (seq_num, r["body"].as_str().expect("a text body").to_owned())
+            })),
+            "ping" => {}
+            "end" => {
+                assert!(next_event(&mut stream.body).expect("read").is_none(), "closes at end");
+                return (seen, data);
+            }
+            other => panic!("unexpected event {other}: {data}"),
+        }
+    }
+}
+
+/// `bytes` bounds the whole subscription (decisions.md), not each page: only its first
+/// record may alone exceed the budget, and a record that does not fit what is left ends
+/// the subscription before it, in history and at the live tail alike.
+fn subscription_bytes_bound_the_whole_subscription(nova: &Nova) {
+    create_three_then_two(nova, "subb");
+    // aaa fits 4; bbb does not fit the 1 left.
+    let mut stream = subscribe(nova, "subb", "seq_num=0&bytes=4", &[]);
+    let (seen, end) = sse_records_then_end(&mut stream);
+    assert_eq!(seen, owned(&[(0, "aaa")]));
+    assert_eq!((end["next_seq_num"].as_u64(), end["tail"]["seq_num"].as_u64()), (Some(1), Some(5)));
+    // ccc, then ddd (another chunk), fit 7; eee does not fit the 1 left.
+    let mut stream = subscribe(nova, "subb", "seq_num=2&bytes=7", &[]);
+    let (seen, end) = sse_records_then_end(&mut stream);
+    assert_eq!(seen, owned(&[(2, "ccc"), (3, "ddd")]));
+    assert_eq!(end["next_seq_num"], 4);
+    // The first record is delivered though alone it exceeds the budget.
+    let mut stream = subscribe(nova, "subb", "seq_num=0&bytes=2", &[]);
+    let (seen, end) = sse_records_then_end(&mut stream);
+    assert_eq!(seen, owned(&[(0, "aaa")]));
+    assert_eq!(end["next_seq_num"], 1);
+    // At the live tail: fff fits 4; ggg does not fit the 1 left.
+    let mut stream = subscribe(nova, "subb", "seq_num=5&bytes=4", &[]);
+    assert_eq!(event(&mut stream).event, "ping", "idle at the tail");
+    append_bodies(nova, "subb", &["fff"]);
+    let batch = loop {
+        let next = event(&mut stream);
+        if next.event != "ping" {
+            break next;
+        }
+    };
+    assert_eq!((batch.event.as_str(), batch.id.as_deref()), ("batch", Some("5")));
+    append_bodies(nova, "subb", &["ggg"]);
+    let (seen, end) = sse_records_then_end(&mut stream);
+    assert_eq!(seen, []);
+    assert_eq!((end["next_seq_num"].as_u64(), end["tail"]["seq_num"].as_u64()), (Some(6), Some(7)));
+    // At the live tail, a first record larger than the budget is delivered, then it ends.
+    let mut stream = subscribe(nova, "subb", "seq_num=7&bytes=2", &[]);
+    assert_eq!(event(&mut stream).event, "ping", "idle at the tail");
+    append_bodies(nova, "subb", &["hhh"]);
+    let (seen, end) = sse_records_then_end(&mut stream);
+    assert_eq!(seen, owned(&[(7, "hhh")]));
+    assert_eq!(end["next_seq_num"], 8);
+}
+
 fn binary_framing_appends_and_reads(nova: &Nova) {
     use engine::framing::{AppendBuilder, AppendConditions, Frame, decode_frame};
     nova.ok(
@@ -1269,6 +1355,72 @@ fn binary_subscription_follows_live_records_and_ends(nova: &Nova) {
     assert_eq!(page.status, 200);
 }
 
+fn subscribe_binary(nova: &Nova, bucket: &str, query: &str) -> client::Streaming {
+    let stream = client::open(
+        &nova.server,
+        "GET",
+        &format!("/v1/streams/{bucket}/s/records?{query}"),
+        &[("accept", "application/x-nova-records; subscribe=true")],
+        None,
+        Some(Duration::from_secs(30)),
+    )
+    .expect("subscribe");
+    assert_eq!(stream.status, 200);
+    assert_eq!(stream.header("content-type"), Some("application/x-nova-records"));
+    stream
+}
+
+/// Reads a binary subscription to its end: the records of its records frames (heartbeats
+/// are skipped), up to the end frame, after which the stream must close.
+fn binary_records_then_end(stream: &mut client::Streaming) -> Vec<(u64, String)> {
+    use engine::framing::Frame;
+    let mut seen = Vec::new();
+    loop {
+        let frame = binary_frame(stream);
+        match frame {
+            Frame::Records(_) => seen.extend(frame_bodies(&frame)),
+            Frame::Heartbeat(_) => {}
+            Frame::End => break,
+            other => panic!("unexpected frame {other:?}"),
+        }
+    }
+    assert!(stream.body.fill_buf().expect("read").is_empty(), "closes at end");
+    seen
+}
+
+/// The binary framing of `subscription_bytes_bound_the_whole_subscription`.
+fn binary_subscription_bytes_bound_the_whole_subscription(nova: &Nova) {
+    use engine::framing::Frame;
+    create_three_then_two(nova, "bsubb");
+    // aaa fits 4; bbb does not fit the 1 left.
+    let mut stream = subscribe_binary(nova, "bsubb", "seq_num=0&bytes=4");
+    assert_eq!(binary_records_then_end(&mut stream), owned(&[(0, "aaa")]));
+    // ccc, then ddd (another chunk), fit 7; eee does not fit the 1 left.
+    let mut stream = subscribe_binary(nova, "bsubb", "seq_num=2&bytes=7");
+    assert_eq!(binary_records_then_end(&mut stream), owned(&[(2, "ccc"), (3, "ddd")]));
+    // The first record is delivered though alone it exceeds the budget.
+    let mut stream = subscribe_binary(nova, "bsubb", "seq_num=0&bytes=2");
+    assert_eq!(binary_records_then_end(&mut stream), owned(&[(0, "aaa")]));
+    // At the live tail: fff fits 4; ggg does not fit the 1 left.
+    let mut stream = subscribe_binary(nova, "bsubb", "seq_num=5&bytes=4");
+    assert!(matches!(binary_frame(&mut stream), Frame::Heartbeat(_)), "idle at the tail");
+    append_bodies(nova, "bsubb", &["fff"]);
+    let live = loop {
+        let frame = binary_frame(&mut stream);
+        if !matches!(frame, Frame::Heartbeat(_)) {
+            break frame;
+        }
+    };
+    assert_eq!(frame_bodies(&live), owned(&[(5, "fff")]));
+    append_bodies(nova, "bsubb", &["ggg"]);
+    assert_eq!(binary_records_then_end(&mut stream), []);
+    // At the live tail, a first record larger than the budget is delivered, then it ends.
+    let mut stream = subscribe_binary(nova, "bsubb", "seq_num=7&bytes=2");
+    assert!(matches!(binary_frame(&mut stream), Frame::Heartbeat(_)), "idle at the tail");
+    append_bodies(nova, "bsubb", &["hhh"]);
+    assert_eq!(binary_records_then_end(&mut stream), owned(&[(7, "hhh")]));
+}
+
 suite!(
     read_plan_lists_the_objects_holding_records,
     binary_subscription_follows_live_records_and_ends,
@@ -1284,6 +1436,8 @@ suite!(
     long_poll_returns_when_records_arrive,
     subscription_delivers_history_then_live_records_and_ends,
     subscription_resumes_after_last_event_id_and_ends_at_a_bound,
+    subscription_bytes_bound_the_whole_subscription,
+    binary_subscription_bytes_bound_the_whole_subscription,
     binary_framing_appends_and_reads,
     a_binary_body_in_pieces_is_appended_whole,
 );
