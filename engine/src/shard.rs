@@ -346,6 +346,15 @@ pub struct ShardStats {
     /// Passes of the retention duty, and trims it made.
     pub retention_passes: u64,
     pub retention_trims: u64,
+    /// The settle duty's backlog at its last tick: the age of the oldest transit history
+    /// of the shard's streams (0: none). Up to `settle-age-ms` is by design (a quiet
+    /// stream's history waits that long); past it, settling is behind.
+    pub settle_backlog_ms: u64,
+    /// The retention duty's backlog at its last pass: how long the most overdue record
+    /// had been past its stream's age bound when the pass began (0: none; set before the
+    /// pass trims). Up to
+    /// `retention-interval-ms` is by design; past it, trims are failing or late.
+    pub retention_backlog_ms: u64,
 }
 
 impl ShardStats {
@@ -1132,6 +1141,10 @@ impl Shard {
             }
             let now = self.now_ms();
             let slots: Vec<Rc<Slot>> = self.streams.borrow().values().cloned().collect();
+            // The streams with records past their bound, each with the stamp a record
+            // must pass to stay, and the backlog: how far past it the oldest one is.
+            let mut due = Vec::new();
+            let mut backlog_ms = 0;
             for slot in slots {
                 let (age, deleted) = {
                     let leader = slot.leader.borrow();
@@ -1141,9 +1154,18 @@ impl Shard {
                 let Some(expired) = now.checked_sub(age).filter(|_| age > 0 && !deleted) else {
                     continue;
                 };
-                if self.oldest_timestamp(&slot) > expired {
+                let oldest = self.oldest_timestamp(&slot);
+                if oldest > expired {
                     continue;
                 }
+                // 0: the oldest record is not in memory, so its time is not known here.
+                if oldest > 0 {
+                    backlog_ms = backlog_ms.max(expired - oldest);
+                }
+                due.push((slot, expired));
+            }
+            self.count(|s| s.retention_backlog_ms = backlog_ms);
+            for (slot, expired) in due {
                 match self.trim(&slot, TrimTo::Timestamp(expired + 1)).await {
                     Ok(_) => self.count(|s| s.retention_trims += 1),
                     // A stream deleted meanwhile, or metadata briefly away: next pass.

@@ -592,6 +592,48 @@ fn stopping_a_node_ends_waiting_reads_at_once() {
     assert!(started.elapsed() < Duration::from_secs(60), "stop waited {:?}", started.elapsed());
 }
 
+/// The retention backlog: how far past its age bound the most overdue record was when
+/// a pass began, read off the pass that trimmed it; 0 at the pass after.
+#[test]
+fn the_retention_backlog_is_how_overdue_the_oldest_record_was() {
+    use std::sync::Arc;
+    use std::sync::atomic::{AtomicU64, Ordering};
+
+    let dir = tempfile::tempdir().expect("tempdir");
+    let now = Arc::new(AtomicU64::new(1_800_000_000_000));
+    let clock = {
+        let now = Arc::clone(&now);
+        move || now.load(Ordering::SeqCst)
+    };
+    let mut cfg = config(dir.path(), 1);
+    // Long enough between passes to read the stats of the one that trimmed.
+    cfg.shard.retention_interval = Duration::from_secs(2);
+    let node = engine::node::Node::start_with_clock(cfg, Arc::new(clock)).expect("start");
+    let client = node.client();
+    let bucket = make_bucket(&client, "retb", express(), true);
+    block_on(client.append(&bucket, &key("k"), plain(&["a"]))).expect("append");
+    let age = StreamOptionsPatch { retention_max_age_ms: Some(2_000), ..Default::default() };
+    block_on(client.reconfigure(&bucket, &key("k"), age)).expect("reconfigure");
+    let stats = || block_on(client.stats()).expect("stats")[0].clone();
+    // The record is 59 s past its 2 s bound when the next pass looks.
+    now.fetch_add(61_000, Ordering::SeqCst);
+    let deadline = Instant::now() + Duration::from_secs(60);
+    while stats().retention_trims == 0 {
+        assert!(Instant::now() < deadline, "the retention duty stalled");
+        thread::sleep(Duration::from_millis(5));
+    }
+    // Set before the pass trims, so its value is there once the trim is.
+    assert_eq!(stats().retention_backlog_ms, 59_000);
+    let passes = stats().retention_passes;
+    while stats().retention_passes == passes {
+        assert!(Instant::now() < deadline, "the retention duty stalled");
+        thread::sleep(Duration::from_millis(5));
+    }
+    assert_eq!(stats().retention_backlog_ms, 0, "nothing is overdue once trimmed");
+    drop(client);
+    node.stop();
+}
+
 /// Age retention on record time, with a clock the test moves: a stream that goes quiet
 /// loses its records exactly when they age out, and a reconfigured age applies at once.
 #[test]

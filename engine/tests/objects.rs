@@ -572,6 +572,32 @@ fn a_busy_stream_settles_every_due_run_at_the_next_tick_from_the_store() {
     a_busy_stream_settles_every_due_run_at_the_next_tick(16 << 10);
 }
 
+/// The settle backlog is the age of the oldest history still in transit: it grows while
+/// a run waits for its age, and is 0 once the stream has none.
+#[test]
+fn the_settle_backlog_is_the_age_of_the_oldest_transit_history() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let backend = local(dir.path());
+    let mut config = node_config(dir.path(), &backend);
+    config.shard.settle.target_bytes = 1 << 30;
+    config.shard.settle.age = Duration::from_secs(3600);
+    config.shard.settle.interval = Duration::from_millis(20);
+    let node = start(config);
+    let client = node.client();
+    let bucket = make_bucket(&client, "settle-backlog", StorageClass::Standard, true);
+    let backlog = || block_on(client.stats()).expect("stats")[0].settle_backlog_ms;
+    let before = Instant::now();
+    append_patiently(&client, &bucket, &key("k"), &[b"waits for its age".to_vec()])
+        .expect("append");
+    wait_until("a backlog of 300 ms", || backlog() >= 300);
+    let backlog_ms = backlog();
+    assert!(u128::from(backlog_ms) <= before.elapsed().as_millis(), "{backlog_ms} ms");
+    block_on(client.delete_stream(&bucket, &key("k"))).expect("delete");
+    wait_until("no backlog once the stream is gone", || backlog() == 0);
+    drop(client);
+    node.stop();
+}
+
 /// Many streams sharing a small cache: none reaches the settle target (or age) before
 /// its chunks are evicted, so runs about to leave the cache are settled short of the
 /// target while their bytes are still in memory, instead of waiting to be read back

@@ -121,7 +121,7 @@ impl Metrics {
         for (shard, _, _, in_flight) in &connections {
             let _ = writeln!(out, "nova_http_requests_in_flight{{shard=\"{shard}\"}} {in_flight}");
         }
-        let engine_counters: [(EngineCounter, &str); 15] = [
+        let engine_counters: [(EngineCounter, &str); 17] = [
             (
                 ("nova_shard_groups_total", "journal group commits written", ShardStats::groups),
                 "counter",
@@ -206,6 +206,22 @@ impl Metrics {
                     s.retention_trims
                 }),
                 "counter",
+            ),
+            (
+                (
+                    "nova_settle_backlog_seconds",
+                    "age of the shard's oldest history still in transit bundles (the settle backlog; up to --settle-age-ms is by design)",
+                    |s| s.settle_backlog_ms / 1000,
+                ),
+                "gauge",
+            ),
+            (
+                (
+                    "nova_retention_backlog_seconds",
+                    "how long the most overdue record was past its stream's age bound when the last retention pass began (the retention backlog)",
+                    |s| s.retention_backlog_ms / 1000,
+                ),
+                "gauge",
             ),
             (
                 (

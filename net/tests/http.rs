@@ -943,6 +943,8 @@ fn health_metrics_and_request_ids(nova: &Nova) {
         ("nova_shard_read_cache_hits_total", "counter"),
         ("nova_shard_busy_microseconds_total", "counter"),
         ("nova_settled_early_objects_total", "counter"),
+        ("nova_settle_backlog_seconds", "gauge"),
+        ("nova_retention_backlog_seconds", "gauge"),
         ("nova_appends_total", "counter"),
         ("nova_bytes_out_total", "counter"),
         ("nova_ack_latency_seconds", "histogram"),

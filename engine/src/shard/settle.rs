@@ -135,15 +135,24 @@ impl Shard {
             // is planned again only after one of its settles succeeded, so a failing one
             // waits for the next tick.
             let mut streams: Vec<Rc<Slot>> = self.streams.borrow().values().cloned().collect();
+            // The backlog is measured on the tick's first plan, the one over every stream.
+            let mut first_plan = true;
+            if streams.is_empty() {
+                self.count(|s| s.settle_backlog_ms = 0);
+            }
             while !streams.is_empty() {
-                let due: Vec<(Rc<Slot>, Due)> = streams
-                    .iter()
-                    .flat_map(|slot| {
-                        let leaving = leaving.get(&slot.leader.borrow().id()).copied();
-                        let runs = self.runs_to_settle(slot, leaving);
-                        runs.into_iter().map(|run| (Rc::clone(slot), run))
-                    })
-                    .collect();
+                let mut due: Vec<(Rc<Slot>, Due)> = Vec::new();
+                let mut oldest_ms: Option<u64> = None;
+                for slot in &streams {
+                    let leaving = leaving.get(&slot.leader.borrow().id()).copied();
+                    let (runs, oldest) = self.runs_to_settle(slot, leaving);
+                    oldest_ms = oldest_ms.into_iter().chain(oldest).min();
+                    due.extend(runs.into_iter().map(|run| (Rc::clone(slot), run)));
+                }
+                if std::mem::take(&mut first_plan) {
+                    let backlog = oldest_ms.map_or(0, |t| self.now_ms().saturating_sub(t));
+                    self.count(|s| s.settle_backlog_ms = backlog);
+                }
                 let settles = due.into_iter().map(|(slot, due)| {
                     let shard = Rc::clone(&self);
                     async move {
@@ -199,12 +208,14 @@ impl Shard {
     /// the target (the last one, or one cut short by chunks settled already, shorter:
     /// due only once its oldest bundle is `settle-age-ms` old, or once its first chunk is
     /// at or before `leaving`, the last of the stream's chunks about to be evicted, and
-    /// it is at least `settle-early-bytes-min` long).
-    fn runs_to_settle(&self, slot: &Slot, leaving: Option<u64>) -> Vec<Due> {
+    /// it is at least `settle-early-bytes-min` long). With them, when its oldest transit
+    /// bundle was written, if it has history in transit.
+    fn runs_to_settle(&self, slot: &Slot, leaving: Option<u64>) -> (Vec<Due>, Option<u64>) {
         let leader = slot.leader.borrow();
         let mut runs = Vec::new();
+        let mut oldest_ms: Option<u64> = None;
         if leader.is_deleted() {
-            return runs;
+            return (runs, oldest_ms);
         }
         let target = self.config.settle.target_bytes;
         let age = u64::try_from(self.config.settle.age.as_millis()).unwrap_or(u64::MAX);
@@ -237,6 +248,7 @@ impl Shard {
             run.bytes += object.length;
             run.oldest_ms =
                 Some(run.oldest_ms.map_or(key.written_at_ms, |t| t.min(key.written_at_ms)));
+            oldest_ms = Some(oldest_ms.map_or(key.written_at_ms, |t| t.min(key.written_at_ms)));
             run.chunks.push(Settling {
                 first_seq_num: chunk.first_seq_num,
                 data_len: chunk.data_len,
@@ -245,7 +257,7 @@ impl Shard {
             });
         }
         close(&mut run);
-        runs
+        (runs, oldest_ms)
     }
 
     /// Settles one run: fetch, lay out, PUT, rewrite refs, relocate.
