@@ -27,23 +27,23 @@ const VERBS: &[(&str, &str, &str)] = &[
     ("ls", "nova ls                      buckets, one name per line", "nova ls"),
     (
         "bucket create",
-        "nova bucket create <name> [--create-on-append] [--create-on-read] [--default-class standard|express] [--location L] [--creation-token T]",
-        "nova bucket create apps --create-on-append",
+        "nova bucket create <name> [--create-on-append] [--create-on-read] [--location L] [--creation-token T] [--default-OPTION V ...]",
+        "nova bucket create apps --create-on-append --default-class express --default-retention-max-age 7d",
     ),
     ("bucket get", "nova bucket get <name>", "nova bucket get apps"),
     ("bucket list", "nova bucket list [--limit N] [--cursor NAME]", "nova bucket list --limit 50"),
     ("bucket delete", "nova bucket delete <name>", "nova bucket delete apps"),
     (
         "stream create",
-        "nova stream create (--bucket B --key K | nova://B/K) [--class C] [--producer-policy any|fenced] [--timestamping-mode M] [--retention-max-age 168h] [--creation-token T]",
-        "nova stream create --bucket logs --key api --retention-max-age 168h",
+        "nova stream create (--bucket B --key K | nova://B/K) [--creation-token T] [--OPTION V ...]",
+        "nova stream create --bucket logs --key api --retention-max-age 168h --batch-max-bytes 1MiB",
     ),
     ("stream get", "nova stream get nova://B/K", "nova stream get nova://logs/api"),
     ("stream delete", "nova stream delete nova://B/K", "nova stream delete nova://demo/events"),
     (
         "stream reconfigure",
-        "nova stream reconfigure nova://B/K [--class C] [--producer-policy P] [--retention-max-age D] [--throughput-max-bytes-per-second N]",
-        "nova stream reconfigure nova://logs/api --retention-max-age 24h",
+        "nova stream reconfigure nova://B/K [--OPTION V ...]",
+        "nova stream reconfigure nova://logs/api --retention-max-age 0 --throughput-max-bytes-per-second 4MiB",
     ),
     (
         "stream list",
@@ -72,20 +72,81 @@ const VERBS: &[(&str, &str, &str)] = &[
 fn usage() -> String {
     let mut text = String::from(
         "nova: a durable stream store\n\nusage: nova [--server URL] [--json] VERB ...\n\
-         --server defaults to $NOVA_SERVER, else http://127.0.0.1:8080\n\n",
+         --server defaults to $NOVA_SERVER when it is set and not empty, else http://127.0.0.1:8080\n\n",
     );
     for (_, line, _) in VERBS {
         text.push_str(&format!("  {line}\n"));
     }
-    text.push_str("\n`nova VERB --help` shows an example.\n");
+    text.push_str("\n`nova VERB --help` shows an example, and the stream OPTIONs.\n");
     text
 }
 
 fn verb_help(verb: &str) -> Option<String> {
-    VERBS
-        .iter()
-        .find(|(name, ..)| *name == verb)
-        .map(|(_, line, example)| format!("usage: {line}\n\nexample:\n  {example}\n"))
+    let (_, line, example) = VERBS.iter().find(|(name, ..)| *name == verb)?;
+    let options = if line.contains("OPTION") { stream_options_help() } else { String::new() };
+    Some(format!("usage: {line}\n{options}\nexample:\n  {example}\n"))
+}
+
+/// How a stream option's flag is written.
+#[derive(Clone, Copy)]
+enum OptionValue {
+    /// A word, sent as is: the server names the words it takes.
+    Word,
+    /// A switch: alone (or `=true`) it is true.
+    Switch,
+    /// A duration with its unit, or a bare 0.
+    Duration,
+    /// Bytes: a whole number, or one with `KiB`, `MiB` or `GiB`.
+    Bytes,
+    /// A whole number.
+    Count,
+}
+
+/// The stream options of http-api.md: the flag (the JSON field in kebab case, less a
+/// `_ms` the duration's unit replaces), the field, how the value is written, and an
+/// example value for `--help`. A bucket's defaults are the same with `default-`
+/// (`default_`) in front.
+const STREAM_OPTIONS: &[(&str, &str, OptionValue, &str)] = &[
+    ("class", "class", OptionValue::Word, "standard|express"),
+    ("producer-policy", "producer_policy", OptionValue::Word, "any|fenced"),
+    (
+        "timestamping-mode",
+        "timestamping_mode",
+        OptionValue::Word,
+        "client-prefer|client-require|arrival",
+    ),
+    (
+        "timestamping-uncapped",
+        "timestamping_uncapped",
+        OptionValue::Switch,
+        "(alone, =true or =false)",
+    ),
+    ("retention-max-age", "retention_max_age_ms", OptionValue::Duration, "168h"),
+    ("retention-max-bytes", "retention_max_bytes", OptionValue::Bytes, "10GiB"),
+    ("batch-max-bytes", "batch_max_bytes", OptionValue::Bytes, "8MiB"),
+    ("batch-max-records", "batch_max_records", OptionValue::Count, "1000"),
+    ("batch-max-delay", "batch_max_delay_ms", OptionValue::Duration, "250ms"),
+    (
+        "throughput-max-bytes-per-second",
+        "throughput_max_bytes_per_second",
+        OptionValue::Bytes,
+        "4MiB",
+    ),
+];
+
+fn stream_options_help() -> String {
+    let mut text =
+        String::from("\nstream OPTIONs (a bucket takes them as its defaults: --default-OPTION):\n");
+    for (flag, _, _, example) in STREAM_OPTIONS {
+        text.push_str(&format!("  --{flag} {example}\n"));
+    }
+    text.push_str(
+        "durations take ms, s, m, h or d; sizes are bytes, or take KiB, MiB or GiB.\n\
+         0 (no unit needed) leaves an option to the bucket's default on create; on reconfigure\n\
+         it sets retention, throughput and batch-max-records back to unbounded.\n\
+         timestamping-mode and timestamping-uncapped are fixed when the stream is created.\n",
+    );
+    text
 }
 
 /// A failed call: the server's `code: message`, or why it could not be reached.
@@ -142,8 +203,17 @@ struct Args {
     flags: Vec<(String, Option<String>)>,
 }
 
-/// Flags that take no value.
-const SWITCHES: &[&str] = &["json", "help", "create-on-append", "create-on-read", "follow"];
+/// Flags that take no value: alone they are on, and `--NAME=true` or `--NAME=false` says
+/// which.
+const SWITCHES: &[&str] = &[
+    "json",
+    "help",
+    "create-on-append",
+    "create-on-read",
+    "follow",
+    "timestamping-uncapped",
+    "default-timestamping-uncapped",
+];
 
 fn parse(args: Vec<String>) -> Result<Args, Failure> {
     let mut positional = Vec::new();
@@ -162,6 +232,11 @@ fn parse(args: Vec<String>) -> Result<Args, Failure> {
             },
         };
         if let Some((name, value)) = name.split_once('=') {
+            if SWITCHES.contains(&name) && !matches!(value, "true" | "false") {
+                return Err(usage_error(format!(
+                    "--{name} is a switch: give it alone, or as --{name}=true or --{name}=false"
+                )));
+            }
             flags.push((name.to_owned(), Some(value.to_owned())));
         } else if SWITCHES.contains(&name.as_str()) {
             flags.push((name, None));
@@ -175,8 +250,14 @@ fn parse(args: Vec<String>) -> Result<Args, Failure> {
 }
 
 impl Args {
+    /// Whether a switch is on.
     fn has(&self, name: &str) -> bool {
-        self.flags.iter().any(|(n, _)| n == name)
+        self.switch(name).unwrap_or(false)
+    }
+
+    /// A switch as given: alone or `=true` it is on, `=false` off; the last one counts.
+    fn switch(&self, name: &str) -> Option<bool> {
+        self.flags.iter().rev().find(|(n, _)| n == name).map(|(_, v)| v.as_deref() != Some("false"))
     }
 
     fn value(&self, name: &str) -> Option<&str> {
@@ -196,10 +277,34 @@ impl Args {
             .transpose()
     }
 
+    /// A bound's duration (`168h`); a bare 0 needs no unit, as it is the same in every
+    /// unit and says "unbounded" (decisions.md).
+    fn bound_ms(&self, name: &str) -> Result<Option<u64>, Failure> {
+        self.value(name)
+            .map(|v| if v == "0" { Ok(0) } else { duration_ms(name, v).map_err(usage_error) })
+            .transpose()
+    }
+
+    fn bytes(&self, name: &str) -> Result<Option<u64>, Failure> {
+        self.value(name).map(|v| size_bytes(name, v).map_err(usage_error)).transpose()
+    }
+
     /// Refuses flags the verb does not take.
     fn only(&self, accepted: &[&str]) -> Outcome {
+        self.only_with_options(accepted, None)
+    }
+
+    /// Refuses flags the verb does not take: `accepted`, and the stream options with
+    /// `options` in front (`""`, or `"default-"` for a bucket's defaults) when given.
+    fn only_with_options(&self, accepted: &[&str], options: Option<&str>) -> Outcome {
+        let option = |name: &str| {
+            options
+                .and_then(|prefix| name.strip_prefix(prefix))
+                .is_some_and(|flag| STREAM_OPTIONS.iter().any(|(option, ..)| *option == flag))
+        };
         for (name, _) in &self.flags {
             if !accepted.contains(&name.as_str())
+                && !option(name)
                 && !["json", "help", "server"].contains(&name.as_str())
             {
                 return Err(usage_error(format!("unknown flag --{name}; see --help")));
@@ -233,11 +338,8 @@ fn stream_path(bucket: &str, key: &str) -> String {
 /// number is refused: `loadgen` read one as seconds where `nova` read milliseconds, so
 /// now neither guesses.
 pub fn duration_ms(flag: &str, text: &str) -> Result<u64, String> {
-    let split = text.find(|c: char| !c.is_ascii_digit()).unwrap_or(text.len());
-    let (digits, unit) = text.split_at(split);
-    let number: u64 = digits
-        .parse()
-        .map_err(|_| format!("--{flag} {text:?} is not a duration like 168h, 10m or 30s"))?;
+    let (number, unit) = number_and_unit(text)
+        .ok_or_else(|| format!("--{flag} {text:?} is not a duration like 168h, 10m or 30s"))?;
     let scale = match unit {
         "" => return Err(format!("--{flag} {text:?} needs a unit: ms, s, m, h or d")),
         "ms" => 1,
@@ -250,6 +352,28 @@ pub fn duration_ms(flag: &str, text: &str) -> Result<u64, String> {
     number.checked_mul(scale).ok_or_else(|| format!("--{flag} {text:?} is too long"))
 }
 
+/// `--{flag}`'s size in bytes: a whole number, or one with `KiB`, `MiB` or `GiB`, as
+/// `nova serve`'s byte flags take.
+fn size_bytes(flag: &str, text: &str) -> Result<u64, String> {
+    let (number, unit) = number_and_unit(text)
+        .ok_or_else(|| format!("--{flag} {text:?} is not a size like 4096, 64KiB or 1MiB"))?;
+    let scale = match unit {
+        "" => 1,
+        "KiB" => 1 << 10,
+        "MiB" => 1 << 20,
+        "GiB" => 1 << 30,
+        _ => return Err(format!("--{flag} {text:?} has an unknown unit (use KiB, MiB or GiB)")),
+    };
+    number.checked_mul(scale).ok_or_else(|| format!("--{flag} {text:?} is too large"))
+}
+
+/// The whole number `text` starts with, and the unit after it: `250ms` is 250 and `ms`.
+fn number_and_unit(text: &str) -> Option<(u64, &str)> {
+    let split = text.find(|c: char| !c.is_ascii_digit()).unwrap_or(text.len());
+    let (digits, unit) = text.split_at(split);
+    Some((digits.parse().ok()?, unit))
+}
+
 struct Session {
     client: Client,
     json: bool,
@@ -258,6 +382,14 @@ struct Session {
 impl Session {
     fn call(&self, method: &str, path: &str, body: Option<&Value>) -> Result<Value, Failure> {
         self.client.call_json(method, path, body).map_err(failed)
+    }
+
+    /// A create (POST): the record, and whether this call made it (201) rather than
+    /// converged on what the same creation token made before (200, decisions.md).
+    fn create(&self, path: &str, body: &Value) -> Result<(Value, bool), Failure> {
+        let (record, status) =
+            self.client.call_json_status("POST", path, Some(body)).map_err(failed)?;
+        Ok((record, status == 201))
     }
 
     /// Prints an answer: JSON as is with `--json`, else `people`.
@@ -315,10 +447,11 @@ fn run(args: Vec<String>) -> Outcome {
             }
         }
     }
+    // An empty NOVA_SERVER is unset, as a shell's `NOVA_SERVER= nova ...` means.
     let url = args
         .value("server")
         .map(str::to_owned)
-        .or_else(|| std::env::var("NOVA_SERVER").ok())
+        .or_else(|| std::env::var("NOVA_SERVER").ok().filter(|url| !url.is_empty()))
         .unwrap_or_else(|| "http://127.0.0.1:8080".to_owned());
     let client = Client::new(&url).map_err(|e| usage_error(e.to_string()))?;
     let session = Session { client, json: args.has("json") };
@@ -357,37 +490,32 @@ fn run(args: Vec<String>) -> Outcome {
             }
         }
         "bucket create" => {
-            args.only(&[
-                "create-on-append",
-                "create-on-read",
-                "default-class",
-                "location",
-                "creation-token",
-            ])?;
+            args.only_with_options(
+                &["create-on-append", "create-on-read", "location", "creation-token"],
+                Some("default-"),
+            )?;
             let bucket = one("bucket name")?;
-            let mut body = json!({});
+            let mut body = options_body(&args, "default-")?;
             if args.has("create-on-append") {
                 body["create_stream_on_append"] = json!(true);
             }
             if args.has("create-on-read") {
                 body["create_stream_on_read"] = json!(true);
             }
-            for (flag, field) in [
-                ("default-class", "default_class"),
-                ("location", "location"),
-                ("creation-token", "creation_token"),
-            ] {
+            for (flag, field) in [("location", "location"), ("creation-token", "creation_token")] {
                 if let Some(value) = args.value(flag) {
                     body[field] = json!(value);
                 }
             }
-            let record = session.call(
-                "POST",
-                &format!("/v1/buckets/{}", encode_segment(bucket)),
-                Some(&body),
-            )?;
+            let (record, created) =
+                session.create(&format!("/v1/buckets/{}", encode_segment(bucket)), &body)?;
             session.show(&record, |r| {
-                format!("created bucket {}", r["name"].as_str().unwrap_or(bucket))
+                let name = r["name"].as_str().unwrap_or(bucket);
+                if created {
+                    format!("created bucket {name}")
+                } else {
+                    format!("bucket {name} already exists with this configuration")
+                }
             });
             Ok(())
         }
@@ -429,19 +557,12 @@ fn run(args: Vec<String>) -> Outcome {
             args.only(&[])?;
             let bucket = one("bucket name")?;
             session.call("DELETE", &format!("/v1/buckets/{}", encode_segment(bucket)), None)?;
-            session.show(&Value::Null, |_| format!("deleted bucket {bucket}"));
+            let deleted = json!({"deleted": "bucket", "name": bucket});
+            session.show(&deleted, |_| format!("deleted bucket {bucket}"));
             Ok(())
         }
         "stream create" => {
-            args.only(&[
-                "bucket",
-                "key",
-                "class",
-                "producer-policy",
-                "timestamping-mode",
-                "retention-max-age",
-                "creation-token",
-            ])?;
+            args.only_with_options(&["bucket", "key", "creation-token"], Some(""))?;
             let (bucket, key) = match (args.value("bucket"), args.value("key"), rest.as_slice()) {
                 (Some(bucket), Some(key), []) => (bucket.to_owned(), key.to_owned()),
                 (None, None, [address_text]) => {
@@ -454,16 +575,20 @@ fn run(args: Vec<String>) -> Outcome {
                     ));
                 }
             };
-            let mut body = options_body(&args)?;
+            let mut body = options_body(&args, "")?;
             if let Some(token) = args.value("creation-token") {
                 body["creation_token"] = json!(token);
             }
-            let record = session.call("POST", &stream_path(&bucket, &key), Some(&body))?;
+            let (record, created) = session.create(&stream_path(&bucket, &key), &body)?;
             session.show(&record, |r| {
-                format!(
-                    "created stream nova://{bucket}/{key} (id {})",
-                    r["id"].as_str().unwrap_or("")
-                )
+                let id = r["id"].as_str().unwrap_or("");
+                if created {
+                    format!("created stream nova://{bucket}/{key} (id {id})")
+                } else {
+                    format!(
+                        "stream nova://{bucket}/{key} already exists with this configuration (id {id})"
+                    )
+                }
             });
             Ok(())
         }
@@ -480,21 +605,14 @@ fn run(args: Vec<String>) -> Outcome {
             let (bucket, key) = address(one("address")?, true)?;
             let key = key.unwrap_or_default();
             session.call("DELETE", &stream_path(&bucket, &key), None)?;
-            session.show(&Value::Null, |_| format!("deleted stream nova://{bucket}/{key}"));
+            let deleted = json!({"deleted": "stream", "bucket": bucket, "key": key});
+            session.show(&deleted, |_| format!("deleted stream nova://{bucket}/{key}"));
             Ok(())
         }
         "stream reconfigure" => {
-            args.only(&[
-                "class",
-                "producer-policy",
-                "retention-max-age",
-                "throughput-max-bytes-per-second",
-            ])?;
+            args.only_with_options(&[], Some(""))?;
             let (bucket, key) = address(one("address")?, true)?;
-            let mut body = options_body(&args)?;
-            if let Some(n) = args.number("throughput-max-bytes-per-second")? {
-                body["throughput_max_bytes_per_second"] = json!(n);
-            }
+            let body = options_body(&args, "")?;
             let record = session.call(
                 "PATCH",
                 &stream_path(&bucket, &key.unwrap_or_default()),
@@ -592,21 +710,22 @@ fn run(args: Vec<String>) -> Outcome {
     }
 }
 
-/// The stream option flags as JSON fields.
-fn options_body(args: &Args) -> Result<Value, Failure> {
+/// The stream option flags given, as JSON fields; `prefix` is `default-` for a bucket's
+/// defaults (`default_` fields).
+fn options_body(args: &Args, prefix: &str) -> Result<Value, Failure> {
     let mut body = json!({});
-    for (flag, field) in [
-        ("class", "class"),
-        ("producer-policy", "producer_policy"),
-        ("timestamping-mode", "timestamping_mode"),
-    ] {
-        if let Some(value) = args.value(flag) {
-            body[field] = json!(value);
+    for (flag, field, written, _) in STREAM_OPTIONS {
+        let flag = format!("{prefix}{flag}");
+        let value = match written {
+            OptionValue::Word => args.value(&flag).map(Value::from),
+            OptionValue::Switch => args.switch(&flag).map(Value::from),
+            OptionValue::Duration => args.bound_ms(&flag)?.map(Value::from),
+            OptionValue::Bytes => args.bytes(&flag)?.map(Value::from),
+            OptionValue::Count => args.number(&flag)?.map(Value::from),
+        };
+        if let Some(value) = value {
+            body[format!("{}{field}", prefix.replace('-', "_"))] = value;
         }
-    }
-    if let Some(age) = args.value("retention-max-age") {
-        body["retention_max_age_ms"] =
-            json!(duration_ms("retention-max-age", age).map_err(usage_error)?);
     }
     Ok(body)
 }
@@ -694,11 +813,18 @@ fn append(session: &Session, address: &Address, args: &Args) -> Outcome {
         take(ack, &mut progress)?;
     }
     progress.done();
+    // The server refuses an empty batch; an empty input sent none, which is no success.
+    let last = last
+        .ok_or_else(|| Failure::Failed("nothing to append: the input had no records".to_owned()))?;
     if !session.json {
-        let tail = last.map_or(json!(null), |ack| position(ack.tail));
-        println!("appended {appended} records; {}", tail_text(&tail));
+        println!("appended {}; {}", counted(appended, "record"), tail_text(&position(last.tail)));
     }
     Ok(())
+}
+
+/// `count` `noun`s, in the singular for 1.
+fn counted(count: u64, noun: &str) -> String {
+    if count == 1 { format!("1 {noun}") } else { format!("{count} {noun}s") }
 }
 
 fn position(position: client::Position) -> Value {
@@ -762,8 +888,8 @@ impl Progress {
             None => String::new(),
         };
         eprint!(
-            "\r{bar}{} records appended, {:.1} MB read, {rate:.0} records/s ",
-            self.acked,
+            "\r{bar}{} appended, {:.1} MB read, {rate:.0} records/s ",
+            counted(self.acked, "record"),
             self.read_bytes as f64 / 1e6
         );
     }
@@ -931,7 +1057,7 @@ fn read(session: &Session, address: &Address, args: &Args) -> Outcome {
 
 #[cfg(test)]
 mod tests {
-    use super::{duration_ms, time_ms};
+    use super::{duration_ms, size_bytes, time_ms};
 
     #[test]
     fn durations_need_a_unit_and_errors_name_the_flag() {
@@ -950,6 +1076,25 @@ mod tests {
         ] {
             let error = ms(bad).expect_err(bad);
             assert!(error.contains("--retention-max-age") && error.contains(why), "{error}");
+        }
+    }
+
+    #[test]
+    fn sizes_are_bytes_or_take_binary_units_and_errors_name_the_flag() {
+        let bytes = |text| size_bytes("batch-max-bytes", text);
+        assert_eq!(bytes("0"), Ok(0));
+        assert_eq!(bytes("4096"), Ok(4096));
+        assert_eq!(bytes("64KiB"), Ok(64 << 10));
+        assert_eq!(bytes("1MiB"), Ok(1 << 20));
+        assert_eq!(bytes("2GiB"), Ok(2 << 30));
+        for (bad, why) in [
+            ("1MB", "unknown unit"),
+            ("1.5MiB", "unknown unit"),
+            ("MiB", "is not a size"),
+            ("99999999999GiB", "too large"),
+        ] {
+            let error = bytes(bad).expect_err(bad);
+            assert!(error.contains("--batch-max-bytes") && error.contains(why), "{error}");
         }
     }
 

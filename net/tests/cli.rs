@@ -229,3 +229,172 @@ fn append_takes_headers_and_batches_and_read_takes_rfc_3339() {
     assert_eq!(out.status.code(), Some(1));
     assert!(String::from_utf8_lossy(&out.stderr).contains("failed_precondition"));
 }
+
+/// `nova ARGS` expected to fail with `code`: its stderr.
+fn fails(server: &Nova, args: &[&str], stdin: Option<&str>, code: i32) -> String {
+    let out = nova_cli(server, args, stdin);
+    let stderr = String::from_utf8_lossy(&out.stderr).into_owned();
+    assert_eq!(out.status.code(), Some(code), "nova {args:?}: {stderr}");
+    stderr
+}
+
+fn json_of(server: &Nova, args: &[&str]) -> Value {
+    serde_json::from_str(&ok(server, args, None)).expect("json")
+}
+
+#[test]
+fn a_bare_0_sets_a_bound_back_to_unbounded() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let server = Nova::start(dir.path());
+    ok(&server, &["bucket", "create", "ret"], None);
+    ok(&server, &["stream", "create", "nova://ret/s", "--retention-max-age", "1h"], None);
+    // seeds/retention.md: reconfigure sets age retention back to unbounded, written 0.
+    ok(&server, &["stream", "reconfigure", "nova://ret/s", "--retention-max-age", "0"], None);
+    let stream = json_of(&server, &["--json", "stream", "get", "nova://ret/s"]);
+    assert_eq!(stream["retention_max_age_ms"], 0);
+    // Any other number still needs its unit.
+    let args = ["stream", "reconfigure", "nova://ret/s", "--retention-max-age", "10"];
+    let stderr = fails(&server, &args, None, 2);
+    assert!(stderr.contains("--retention-max-age \"10\" needs a unit"), "{stderr}");
+}
+
+#[test]
+fn every_stream_option_has_a_flag_and_switches_take_true_or_false() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let server = Nova::start(dir.path());
+    // A bucket's defaults are the stream options with `default-` in front.
+    let args = [
+        "bucket",
+        "create",
+        "opt",
+        "--create-on-append=false",
+        "--default-batch-max-records",
+        "10",
+        "--default-timestamping-uncapped",
+    ];
+    ok(&server, &args, None);
+    let bucket = json_of(&server, &["--json", "bucket", "get", "opt"]);
+    assert_eq!(bucket["create_stream_on_append"], false);
+    assert_eq!(bucket["default_batch_max_records"], 10);
+    assert_eq!(bucket["default_timestamping_uncapped"], true);
+    let args = [
+        "stream",
+        "create",
+        "nova://opt/s",
+        "--timestamping-uncapped",
+        "--retention-max-bytes",
+        "1GiB",
+        "--batch-max-bytes",
+        "64KiB",
+        "--batch-max-records",
+        "500",
+        "--batch-max-delay",
+        "50ms",
+        "--throughput-max-bytes-per-second",
+        "2MiB",
+    ];
+    ok(&server, &args, None);
+    let stream = json_of(&server, &["--json", "stream", "get", "nova://opt/s"]);
+    for (field, value) in [
+        ("timestamping_uncapped", Value::from(true)),
+        ("retention_max_bytes", Value::from(1u64 << 30)),
+        ("batch_max_bytes", Value::from(64 << 10)),
+        ("batch_max_records", Value::from(500)),
+        ("batch_max_delay_ms", Value::from(50)),
+        ("throughput_max_bytes_per_second", Value::from(2 << 20)),
+    ] {
+        assert_eq!(stream[field], value, "{field}");
+    }
+    let args = [
+        "stream",
+        "reconfigure",
+        "nova://opt/s",
+        "--timestamping-uncapped=true",
+        "--batch-max-records",
+        "0",
+        "--batch-max-delay",
+        "1s",
+        "--throughput-max-bytes-per-second",
+        "0",
+    ];
+    ok(&server, &args, None);
+    let stream = json_of(&server, &["--json", "stream", "get", "nova://opt/s"]);
+    assert_eq!(stream["batch_max_records"], 0);
+    assert_eq!(stream["batch_max_delay_ms"], 1000);
+    assert_eq!(stream["throughput_max_bytes_per_second"], 0);
+    for (args, named) in [
+        (&["stream", "create", "nova://opt/t", "--timestamping-uncapped=maybe"][..], "=true"),
+        (&["stream", "create", "nova://opt/t", "--batch-max-bytes", "1MB"][..], "KiB, MiB or GiB"),
+    ] {
+        let stderr = fails(&server, args, None, 2);
+        assert!(stderr.contains(named), "{args:?}: {stderr}");
+    }
+    for verb in [&["stream", "create"][..], &["stream", "reconfigure"], &["bucket", "create"]] {
+        let help = ok(&server, &[verb, &["--help"]].concat(), None);
+        assert!(help.contains("batch-max-bytes"), "{verb:?}: {help}");
+    }
+}
+
+#[test]
+fn append_refuses_an_input_without_records() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let server = Nova::start(dir.path());
+    ok(&server, &["bucket", "create", "app", "--create-on-append"], None);
+    for args in [&["append", "nova://app/s"][..], &["--json", "append", "nova://app/s"]] {
+        let stderr = fails(&server, args, Some(""), 1);
+        assert!(stderr.contains("nothing to append"), "{args:?}: {stderr}");
+    }
+}
+
+#[test]
+fn append_counts_one_record_in_the_singular() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let server = Nova::start(dir.path());
+    ok(&server, &["bucket", "create", "app", "--create-on-append"], None);
+    let out = ok(&server, &["append", "nova://app/s"], Some("one\n"));
+    assert!(out.starts_with("appended 1 record; next_seq_num 1"), "{out}");
+}
+
+#[test]
+fn json_deletes_say_what_was_deleted() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let server = Nova::start(dir.path());
+    ok(&server, &["bucket", "create", "del"], None);
+    ok(&server, &["stream", "create", "nova://del/a/b"], None);
+    let deleted = json_of(&server, &["--json", "stream", "delete", "nova://del/a/b"]);
+    assert_eq!(deleted, serde_json::json!({"deleted": "stream", "bucket": "del", "key": "a/b"}));
+    let deleted = json_of(&server, &["--json", "bucket", "delete", "del"]);
+    assert_eq!(deleted, serde_json::json!({"deleted": "bucket", "name": "del"}));
+}
+
+#[test]
+fn a_create_that_converges_on_its_creation_token_says_so() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let server = Nova::start(dir.path());
+    let bucket = ["bucket", "create", "tok", "--creation-token", "t1"];
+    assert_eq!(ok(&server, &bucket, None), "created bucket tok\n");
+    assert_eq!(ok(&server, &bucket, None), "bucket tok already exists with this configuration\n");
+    let stream = ["stream", "create", "nova://tok/s", "--creation-token", "t1"];
+    assert!(ok(&server, &stream, None).starts_with("created stream nova://tok/s"));
+    let again = ok(&server, &stream, None);
+    assert!(
+        again.starts_with("stream nova://tok/s already exists with this configuration"),
+        "{again}"
+    );
+    // Another configuration under the same token is the server's refusal.
+    let stderr = fails(&server, &[&stream[..], &["--class", "express"]].concat(), None, 1);
+    assert!(stderr.contains("already_exists"), "{stderr}");
+}
+
+#[test]
+fn an_empty_server_variable_means_the_default_server() {
+    let out = Command::new(env!("CARGO_BIN_EXE_nova"))
+        .args(["tail", "nova://b/s"])
+        .env("NOVA_SERVER", "")
+        .output()
+        .expect("run nova");
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    // Whatever answers at the default address (likely nothing), the empty URL is not used.
+    assert_ne!(out.status.code(), Some(2), "{stderr}");
+    assert!(!stderr.contains("server URL"), "{stderr}");
+}

@@ -852,14 +852,26 @@ impl Client {
 
     /// Any JSON call: the answer's JSON (`Null` for 204). What the CLI prints with `--json`.
     pub fn call_json(&self, method: &str, path: &str, body: Option<&Value>) -> Result<Value> {
+        self.call_json_status(method, path, body).map(|(answer, _)| answer)
+    }
+
+    /// [`Client::call_json`], with the answer's HTTP status: a create's 201, or 200 where
+    /// it converged on what the same creation token made before (decisions.md).
+    pub fn call_json_status(
+        &self,
+        method: &str,
+        path: &str,
+        body: Option<&Value>,
+    ) -> Result<(Value, u16)> {
         let text = body.map(Value::to_string);
         let safe = method == "GET";
         let response = self.call(method, path, &[], text.as_deref().map(str::as_bytes), safe)?;
         if response.body.is_empty() {
-            return Ok(Value::Null);
+            return Ok((Value::Null, response.status));
         }
-        serde_json::from_slice(&response.body)
-            .map_err(|e| Error::Protocol(format!("{method} {path} answered with bad JSON: {e}")))
+        let answer = serde_json::from_slice(&response.body)
+            .map_err(|e| Error::Protocol(format!("{method} {path} answered with bad JSON: {e}")))?;
+        Ok((answer, response.status))
     }
 
     // ---- Buckets ------------------------------------------------------------------
