@@ -43,6 +43,8 @@ const MANIFEST_FORMAT: &str = "nova manifest 1";
 #[derive(Clone, Debug)]
 pub struct NodeConfig {
     pub data_dir: PathBuf,
+    /// Where the express journals are (`journal-dir`); `None`: `data_dir/journal`.
+    pub journal_dir: Option<PathBuf>,
     /// Shard executors (one per core).
     pub shards: usize,
     /// Pin shard `i` to core `first_core + i`; `None` leaves them unbound.
@@ -92,6 +94,11 @@ impl ObjectStoreConfig {
 }
 
 impl NodeConfig {
+    /// The directory of the shards' journals.
+    pub fn journal_dir(&self) -> PathBuf {
+        self.journal_dir.clone().unwrap_or_else(|| self.data_dir.join("journal"))
+    }
+
     /// A node on `data_dir` with every knob at its default.
     pub fn new(data_dir: impl Into<PathBuf>) -> Self {
         let shards = match tuning::SHARDS.default {
@@ -101,6 +108,7 @@ impl NodeConfig {
         let data_dir: PathBuf = data_dir.into();
         Self {
             data_dir: data_dir.clone(),
+            journal_dir: None,
             shards,
             first_core: None,
             shard: ShardConfig {
@@ -320,7 +328,13 @@ impl Node {
         // glommio opens the journal's directories by absolute path only.
         config.data_dir = std::path::absolute(&config.data_dir)
             .map_err(|e| io_error("resolve the data directory", &e))?;
-        check_manifest(&config.data_dir, config.shards)?;
+        if let Some(journals) = &config.journal_dir {
+            config.journal_dir = Some(
+                std::path::absolute(journals)
+                    .map_err(|e| io_error("resolve the journal directory", &e))?,
+            );
+        }
+        check_manifest(&config)?;
         let store = config.objects.open(config.local_store.clone())?;
         let uploader = Uploader::start(Arc::clone(&store), config.uploader.clone(), "")?;
         let meta = match RedbMetaStore::open(config.data_dir.join("meta"), config.meta) {
@@ -437,32 +451,62 @@ fn io_error(op: &'static str, error: &std::io::Error) -> Error {
     Error::Unavailable { what: format!("the data directory ({op}: {error})") }
 }
 
-fn check_manifest(dir: &Path, shards: usize) -> Result<()> {
+/// Checks the data directory's manifest against the layout `config` asks for, or writes
+/// it on a first start: the shard count (the journals are per shard) and where the
+/// journals are. A manifest from before `--journal-dir` has no journal line; its
+/// journals are in the data directory.
+fn check_manifest(config: &NodeConfig) -> Result<()> {
+    let (dir, shards, journals) = (&config.data_dir, config.shards, config.journal_dir());
     let path = dir.join(MANIFEST);
-    let expected = format!("{MANIFEST_FORMAT}\nshards {shards}\n");
-    match std::fs::read_to_string(&path) {
-        Ok(found) if found == expected => Ok(()),
-        Ok(found) => Err(Error::InvalidOptionValue {
-            field: "shards",
-            value: shards.to_string(),
-            reason: format!(
-                "the data directory {} was written with another layout ({:?}); its journals are per shard",
-                dir.display(),
-                found.lines().collect::<Vec<_>>().join("; ")
-            ),
-        }),
+    let found = match std::fs::read_to_string(&path) {
+        Ok(found) => found,
         Err(e) if e.kind() == std::io::ErrorKind::NotFound => {
+            let manifest =
+                format!("{MANIFEST_FORMAT}\nshards {shards}\njournal {}\n", journals.display());
             let temporary = dir.join(format!("{MANIFEST}.tmp"));
-            std::fs::write(&temporary, &expected)
-                .map_err(|e| io_error("write the manifest", &e))?;
-            std::fs::File::open(&temporary)
-                .and_then(|f| f.sync_all())
+            return std::fs::write(&temporary, &manifest)
+                .and_then(|()| std::fs::File::open(&temporary)?.sync_all())
                 .and_then(|()| std::fs::rename(&temporary, &path))
                 .and_then(|()| std::fs::File::open(dir)?.sync_all())
-                .map_err(|e| io_error("write the manifest", &e))
+                .map_err(|e| io_error("write the manifest", &e));
         }
-        Err(e) => Err(io_error("read the manifest", &e)),
+        Err(e) => return Err(io_error("read the manifest", &e)),
+    };
+    let mut lines = found.lines();
+    let layout = |field, value: String, reason: String| {
+        Err(Error::InvalidOptionValue { field, value, reason })
+    };
+    if lines.next() != Some(MANIFEST_FORMAT) || lines.next() != Some(&format!("shards {shards}")) {
+        let found = found.lines().collect::<Vec<_>>().join("; ");
+        return layout(
+            "shards",
+            shards.to_string(),
+            format!(
+                "the data directory {} was written with another layout ({found:?}); its journals are per shard",
+                dir.display()
+            ),
+        );
     }
+    let kept = match lines.next().and_then(|line| line.strip_prefix("journal ")) {
+        Some(kept) => PathBuf::from(kept),
+        None => dir.join("journal"),
+    };
+    if kept != journals {
+        return layout(
+            "journal-dir",
+            journals.display().to_string(),
+            format!(
+                "the data directory {} keeps its express journals in {} (its manifest); \
+                 starting with them elsewhere would leave behind acknowledged records not yet \
+                 in the object store: start with --journal-dir {} (after moving them there, \
+                 if they moved)",
+                dir.display(),
+                kept.display(),
+                kept.display()
+            ),
+        );
+    }
+    Ok(())
 }
 
 /// One shard's executor: recover the journal, then serve until told to stop.
@@ -483,7 +527,7 @@ async fn run_shard(
 ) {
     let ShardStart { index, config, client, clock, uploader } = start;
     let control = client.control.clone();
-    let dir = config.data_dir.join("journal").join(format!("shard-{index}"));
+    let dir = config.journal_dir().join(format!("shard-{index}"));
     let opened = async { Journal::open(&dir, config.journal).await };
     let (journal, entries) = match opened.await {
         Ok(opened) => opened,

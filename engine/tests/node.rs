@@ -38,6 +38,44 @@ fn express_and_standard_appends_are_acknowledged_durable_and_readable() {
     node.stop();
 }
 
+/// The journals can live apart from the data directory (`--journal-dir`). The manifest
+/// records where, and a start that would look for them elsewhere is refused, instead of
+/// starting without the acknowledged records they hold.
+#[test]
+fn journals_apart_from_the_data_directory_are_never_left_behind() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let data = dir.path().join("data");
+    let journals = dir.path().join("fast").join("journals");
+    let mut cfg = config(&data, 1);
+    cfg.journal_dir = Some(journals.clone());
+    let node = start(cfg.clone());
+    let client = node.client();
+    let bucket = make_bucket(&client, "apart", express(), true);
+    block_on(client.append(&bucket, &key("k"), plain(&["a", "b"]))).expect("append");
+    drop(client);
+    node.stop();
+    assert!(journals.join("shard-0").is_dir(), "the journal went where it was told");
+    assert!(!data.join("journal").exists(), "and nowhere else");
+
+    let elsewhere = dir.path().join("elsewhere");
+    for journal_dir in [None, Some(elsewhere.clone())] {
+        let mut moved = config(&data, 1);
+        moved.journal_dir = journal_dir;
+        let refused = engine::node::Node::start(moved).err().expect("refused").to_string();
+        let kept = journals.display().to_string();
+        assert!(refused.contains("journal-dir") && refused.contains(&kept), "{refused}");
+    }
+    assert!(!elsewhere.exists(), "refused before it made a journal there");
+
+    let node = start(cfg);
+    let client = node.client();
+    let bodies: Vec<Vec<u8>> =
+        read_all(&client, &bucket, &key("k")).into_iter().map(|r| r.2).collect();
+    assert_eq!(bodies, [b"a".to_vec(), b"b".to_vec()]);
+    drop(client);
+    node.stop();
+}
+
 #[test]
 fn everything_acknowledged_survives_a_restart_and_numbering_continues() {
     let dir = tempfile::tempdir().expect("tempdir");

@@ -106,6 +106,8 @@ pub fn help() -> String {
          Each finding is ok, warn or fail; the exit status is 1 when any check fails, 2 on\n\
          a usage mistake, else 0. See docs/doctor.md and docs/tuning.md.\n\n\
          \x20 --data-dir DIR: the directory `nova serve --data-dir` would use\n\
+         \x20 --journal-dir DIR: the directory `nova serve --journal-dir` would use: the disk\n\
+         \x20   checks (O_DIRECT, poll queues, write cache, fdatasync, space) run there instead\n\
          \x20 --json: one JSON object instead of text\n\
          \x20 --sync-writes N: 4 KiB writes timed by the fdatasync check (default 200, 10..=100000)\n",
     );
@@ -148,6 +150,7 @@ pub fn main(args: &[String]) -> i32 {
 
 fn parse(args: &[String]) -> Result<Options, String> {
     let mut data_dir = None;
+    let mut journal_dir = None;
     let mut json = false;
     let mut sync_writes = 200;
     let mut s3_flags = Vec::new();
@@ -176,6 +179,7 @@ fn parse(args: &[String]) -> Result<Options, String> {
         };
         match name {
             "data-dir" => data_dir = Some(value),
+            "journal-dir" => journal_dir = Some(PathBuf::from(value)),
             "sync-writes" => {
                 sync_writes =
                     value.parse::<usize>().ok().filter(|n| (10..=100_000).contains(n)).ok_or_else(
@@ -191,6 +195,10 @@ fn parse(args: &[String]) -> Result<Options, String> {
     let data_dir = PathBuf::from(tuning::DATA_DIR.resolve(data_dir.as_deref()));
     let mut node = engine::node::NodeConfig::new(&data_dir);
     node.apply_knobs(&mut |knob| knob.resolve(None).map_err(|e| e.message))?;
+    node.journal_dir = journal_dir.or_else(|| {
+        let from_env = tuning::JOURNAL_DIR.resolve(None);
+        (!from_env.is_empty()).then(|| PathBuf::from(from_env))
+    });
     Ok(Options { data_dir, json, sync_writes, s3_flags, node })
 }
 
@@ -473,10 +481,12 @@ impl Drop for TempFile {
     }
 }
 
-/// The data directory checks: writable, O_DIRECT, poll queues, write cache, fdatasync latency, free
-/// space. The ones after `data_dir` need the directory and say so when it is unusable.
+/// The data directory checks (on the journal directory when `--journal-dir` names one):
+/// writable, O_DIRECT, poll queues, write cache, fdatasync latency, free space. The ones
+/// after `data_dir` need the directory and say so when it is unusable.
 fn data_dir_checks(options: &Options) -> Vec<Finding> {
-    let dir = &options.data_dir;
+    // The journals' directory is where O_DIRECT and fdatasync matter.
+    let dir = options.node.journal_dir.as_ref().unwrap_or(&options.data_dir);
     let created = missing_ancestors(dir);
     let findings = match std::fs::create_dir_all(dir)
         .map_err(|e| format!("cannot create it: {e}"))

@@ -239,6 +239,10 @@ pub fn run(args: &[String]) -> Result<(), String> {
     }
 
     let mut config = NodeConfig::new(&data_dir);
+    let journal_dir = tuning::JOURNAL_DIR.resolve(flag_value(&flags, "journal-dir"));
+    if !journal_dir.is_empty() {
+        config.journal_dir = Some(journal_dir.into());
+    }
     if let Some(objects) = object_store(&flags)? {
         config.objects = objects;
     }

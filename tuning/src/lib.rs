@@ -623,12 +623,21 @@ pub const DATA_DIR: TextKnob = TextKnob {
     flag: "data-dir",
     env: "NOVA_DATA_DIR",
     default: "./nova-data",
-    help: "directory for the metadata store, the journals and the local object store",
+    help: "directory for the metadata store, the journals (unless --journal-dir) and the local object store",
     reason: "a directory beside where the server is started, so a first run needs no setup",
 };
 
+/// Where the express journals are.
+pub const JOURNAL_DIR: TextKnob = TextKnob {
+    flag: "journal-dir",
+    env: "NOVA_JOURNAL_DIR",
+    default: "",
+    help: "directory for the express journals (empty: <data-dir>/journal); the data directory's manifest records it, and a later start elsewhere is refused, since the journals hold acknowledged records not yet in the object store",
+    reason: "with the data directory unless asked: one directory is all a first run needs, and a device of its own for the journal (its group commits' writes and fdatasyncs) is a choice for the operator who has one",
+};
+
 /// Every text knob, in the order `--help` and the doc list them.
-pub const TEXT_KNOBS: &[TextKnob] = &[LISTEN, DATA_DIR];
+pub const TEXT_KNOBS: &[TextKnob] = &[LISTEN, DATA_DIR, JOURNAL_DIR];
 
 /// A knob value that could not be used.
 #[derive(Clone, Debug, PartialEq, Eq)]
