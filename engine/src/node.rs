@@ -13,7 +13,7 @@
 //! manifest records it and a node with another count refuses to start.
 
 use std::collections::HashMap;
-use std::path::{Path, PathBuf};
+use std::path::PathBuf;
 use std::rc::Rc;
 use std::sync::{Arc, RwLock};
 

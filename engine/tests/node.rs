@@ -652,7 +652,7 @@ fn the_retention_backlog_is_how_overdue_the_oldest_record_was() {
     block_on(client.append(&bucket, &key("k"), plain(&["a"]))).expect("append");
     let age = StreamOptionsPatch { retention_max_age_ms: Some(2_000), ..Default::default() };
     block_on(client.reconfigure(&bucket, &key("k"), age)).expect("reconfigure");
-    let stats = || block_on(client.stats()).expect("stats")[0].clone();
+    let stats = || block_on(client.stats()).expect("stats")[0];
     // The record is 59 s past its 2 s bound when the next pass looks.
     now.fetch_add(61_000, Ordering::SeqCst);
     let deadline = Instant::now() + Duration::from_secs(60);
