@@ -15,6 +15,14 @@ use engine::position::Tail;
 use engine::shard::{ReadRequest, TrimTo};
 use engine::stream::{PageLimits, ReadStart};
 
+/// A node's clock that reads `now`, which the test moves.
+fn clock_reading(
+    now: &std::sync::Arc<std::sync::atomic::AtomicU64>,
+) -> std::sync::Arc<dyn engine::control::Clock> {
+    let now = std::sync::Arc::clone(now);
+    std::sync::Arc::new(move || now.load(std::sync::atomic::Ordering::SeqCst))
+}
+
 #[test]
 fn express_and_standard_appends_are_acknowledged_durable_and_readable() {
     let dir = tempfile::tempdir().expect("tempdir");
@@ -639,14 +647,10 @@ fn the_retention_backlog_is_how_overdue_the_oldest_record_was() {
 
     let dir = tempfile::tempdir().expect("tempdir");
     let now = Arc::new(AtomicU64::new(1_800_000_000_000));
-    let clock = {
-        let now = Arc::clone(&now);
-        move || now.load(Ordering::SeqCst)
-    };
     let mut cfg = config(dir.path(), 1);
     // Long enough between passes to read the stats of the one that trimmed.
     cfg.shard.retention_interval = Duration::from_secs(2);
-    let node = engine::node::Node::start_with_clock(cfg, Arc::new(clock)).expect("start");
+    let node = engine::node::Node::start_with_clock(cfg, clock_reading(&now)).expect("start");
     let client = node.client();
     let bucket = make_bucket(&client, "retb", express(), true);
     block_on(client.append(&bucket, &key("k"), plain(&["a"]))).expect("append");
@@ -681,13 +685,9 @@ fn age_retention_trims_a_quiet_stream_on_time_and_follows_reconfigure() {
 
     let dir = tempfile::tempdir().expect("tempdir");
     let now = Arc::new(AtomicU64::new(1_800_000_000_000));
-    let clock = {
-        let now = Arc::clone(&now);
-        move || now.load(Ordering::SeqCst)
-    };
     let mut cfg = config(dir.path(), 1);
     cfg.shard.retention_interval = Duration::from_millis(10);
-    let node = engine::node::Node::start_with_clock(cfg, Arc::new(clock)).expect("start");
+    let node = engine::node::Node::start_with_clock(cfg, clock_reading(&now)).expect("start");
     let client = node.client();
     let bucket = make_bucket(&client, "ret", express(), true);
     let key = key("k");
@@ -734,11 +734,7 @@ fn age_retention_trims_a_quiet_stream_on_time_and_follows_reconfigure() {
     node.stop();
     let mut cfg = config(dir.path(), 1);
     cfg.shard.retention_interval = Duration::from_millis(10);
-    let clock = {
-        let now = Arc::clone(&now);
-        move || now.load(Ordering::SeqCst)
-    };
-    let node = engine::node::Node::start_with_clock(cfg, Arc::new(clock)).expect("restart");
+    let node = engine::node::Node::start_with_clock(cfg, clock_reading(&now)).expect("restart");
     let client = node.client();
     now.fetch_add(2_000, Ordering::SeqCst);
     let deadline = Instant::now() + Duration::from_secs(60);
@@ -765,11 +761,7 @@ fn trim_by_timestamp_goes_to_the_first_record_stamped_at_or_after_it() {
 
     let dir = tempfile::tempdir().expect("tempdir");
     let now = Arc::new(AtomicU64::new(1_800_000_000_000));
-    let clock = {
-        let now = Arc::clone(&now);
-        move || now.load(Ordering::SeqCst)
-    };
-    let node = engine::node::Node::start_with_clock(config(dir.path(), 1), Arc::new(clock))
+    let node = engine::node::Node::start_with_clock(config(dir.path(), 1), clock_reading(&now))
         .expect("start");
     let client = node.client();
     let bucket = make_bucket(&client, "trimt", express(), true);

@@ -620,13 +620,26 @@ fn long_poll_returns_when_records_arrive(nova: &Nova) {
     assert!(started.elapsed() < Duration::from_secs(20), "{:?}", started.elapsed());
 }
 
+/// An SSE subscription to stream `s` of `bucket`.
 fn subscribe(
     nova: &Nova,
     bucket: &str,
     query: &str,
     headers: &[(&str, &str)],
 ) -> client::Streaming {
-    let mut all = vec![("accept", "text/event-stream")];
+    open_subscription(nova, bucket, query, "text/event-stream", headers)
+}
+
+/// A subscription to stream `s` of `bucket` that accepts `accept`, checked to answer 200
+/// with that media type.
+fn open_subscription(
+    nova: &Nova,
+    bucket: &str,
+    query: &str,
+    accept: &str,
+    headers: &[(&str, &str)],
+) -> client::Streaming {
+    let mut all = vec![("accept", accept)];
     all.extend_from_slice(headers);
     let stream = client::open(
         &nova.server,
@@ -638,7 +651,8 @@ fn subscribe(
     )
     .expect("subscribe");
     assert_eq!(stream.status, 200);
-    assert_eq!(stream.header("content-type"), Some("text/event-stream"));
+    let media_type = accept.split(';').next().expect("a media type");
+    assert_eq!(stream.header("content-type"), Some(media_type));
     stream
 }
 
@@ -1362,18 +1376,7 @@ fn binary_subscription_follows_live_records_and_ends(nova: &Nova) {
 }
 
 fn subscribe_binary(nova: &Nova, bucket: &str, query: &str) -> client::Streaming {
-    let stream = client::open(
-        &nova.server,
-        "GET",
-        &format!("/v1/streams/{bucket}/s/records?{query}"),
-        &[("accept", "application/x-nova-records; subscribe=true")],
-        None,
-        Some(Duration::from_secs(30)),
-    )
-    .expect("subscribe");
-    assert_eq!(stream.status, 200);
-    assert_eq!(stream.header("content-type"), Some("application/x-nova-records"));
-    stream
+    open_subscription(nova, bucket, query, "application/x-nova-records; subscribe=true", &[])
 }
 
 /// Reads a binary subscription to its end: the records of its records frames (heartbeats
