@@ -45,6 +45,9 @@ pub struct NodeConfig {
     pub data_dir: PathBuf,
     /// Where the express journals are (`journal-dir`); `None`: `data_dir/journal`.
     pub journal_dir: Option<PathBuf>,
+    /// Start even though a journal of a data directory that ran before is missing
+    /// (`--accept-journal-loss`): the express records only it held are lost.
+    pub accept_journal_loss: bool,
     /// Shard executors (one per core).
     pub shards: usize,
     /// Pin shard `i` to core `first_core + i`; `None` leaves them unbound.
@@ -109,6 +112,7 @@ impl NodeConfig {
         Self {
             data_dir: data_dir.clone(),
             journal_dir: None,
+            accept_journal_loss: false,
             shards,
             first_core: None,
             shard: ShardConfig {
@@ -334,7 +338,10 @@ impl Node {
                     .map_err(|e| io_error("resolve the journal directory", &e))?,
             );
         }
-        check_manifest(&config)?;
+        let first_start = check_manifest(&config)?;
+        if !first_start && !config.accept_journal_loss {
+            check_journals_are_there(&config)?;
+        }
         let store = config.objects.open(config.local_store.clone())?;
         let uploader = Uploader::start(Arc::clone(&store), config.uploader.clone(), "")?;
         let meta = match RedbMetaStore::open(config.data_dir.join("meta"), config.meta) {
@@ -455,7 +462,33 @@ fn io_error(op: &'static str, error: &std::io::Error) -> Error {
 /// it on a first start: the shard count (the journals are per shard) and where the
 /// journals are. A manifest from before `--journal-dir` has no journal line; its
 /// journals are in the data directory.
-fn check_manifest(config: &NodeConfig) -> Result<()> {
+/// A data directory that has run before has a journal per shard: one that is missing or
+/// empty (its disk not mounted, a directory removed) held acknowledged express records
+/// not yet in the object store, and a start without it would lose them and hand their
+/// sequence numbers out again. Only `accept_journal_loss` starts without them.
+fn check_journals_are_there(config: &NodeConfig) -> Result<()> {
+    for shard in 0..config.shards {
+        let dir = config.journal_dir().join(format!("shard-{shard}"));
+        if !Journal::was_opened(&dir) {
+            return Err(Error::InvalidOptionValue {
+                field: "journal-dir",
+                value: config.journal_dir().display().to_string(),
+                reason: format!(
+                    "the journal of shard {shard} ({}) is missing or empty, but this data \
+                     directory has run before: it holds acknowledged express records not yet \
+                     in the object store, and a start without it would lose them and hand \
+                     their sequence numbers out again. Restore it (is its disk mounted?), or, \
+                     if it is gone for good, start once with --accept-journal-loss",
+                    dir.display()
+                ),
+            });
+        }
+    }
+    Ok(())
+}
+
+/// Checks the manifest (see below); whether this start wrote it, being the first.
+fn check_manifest(config: &NodeConfig) -> Result<bool> {
     let (dir, shards, journals) = (&config.data_dir, config.shards, config.journal_dir());
     let path = dir.join(MANIFEST);
     let found = match std::fs::read_to_string(&path) {
@@ -468,6 +501,7 @@ fn check_manifest(config: &NodeConfig) -> Result<()> {
                 .and_then(|()| std::fs::File::open(&temporary)?.sync_all())
                 .and_then(|()| std::fs::rename(&temporary, &path))
                 .and_then(|()| std::fs::File::open(dir)?.sync_all())
+                .map(|()| true)
                 .map_err(|e| io_error("write the manifest", &e));
         }
         Err(e) => return Err(io_error("read the manifest", &e)),
@@ -506,7 +540,7 @@ fn check_manifest(config: &NodeConfig) -> Result<()> {
             ),
         );
     }
-    Ok(())
+    Ok(false)
 }
 
 /// One shard's executor: recover the journal, then serve until told to stop.

@@ -84,6 +84,50 @@ fn journals_apart_from_the_data_directory_are_never_left_behind() {
     node.stop();
 }
 
+/// A journal that is missing or empty when a data directory that ran before starts (its
+/// disk not mounted, its directory removed) held acknowledged express records not yet in
+/// the object store: the start is refused, rather than losing them and handing their
+/// sequence numbers out again. Only an explicit acceptance starts without it.
+#[test]
+fn a_missing_journal_is_refused_unless_its_loss_is_accepted() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let cfg = config(dir.path(), 1);
+    let node = start(cfg.clone());
+    let client = node.client();
+    let bucket = make_bucket(&client, "lost", express(), true);
+    block_on(client.append(&bucket, &key("k"), plain(&["a", "b"]))).expect("append");
+    drop(client);
+    node.stop();
+    let journals = dir.path().join("journal");
+    let unmounted = dir.path().join("journal-unmounted");
+    std::fs::rename(&journals, &unmounted).expect("move the journals away");
+    for empty in [false, true] {
+        if empty {
+            std::fs::create_dir_all(journals.join("shard-0")).expect("an empty mount point");
+        }
+        let refused = engine::node::Node::start(cfg.clone()).err().expect("refused").to_string();
+        assert!(refused.contains("missing or empty"), "{refused}");
+        assert!(refused.contains("--accept-journal-loss"), "{refused}");
+    }
+    // The journals back: everything acknowledged is there.
+    std::fs::remove_dir_all(&journals).expect("remove the empty mount point");
+    std::fs::rename(&unmounted, &journals).expect("restore the journals");
+    let node = start(cfg.clone());
+    let client = node.client();
+    let bodies: Vec<Vec<u8>> =
+        read_all(&client, &bucket, &key("k")).into_iter().map(|r| r.2).collect();
+    assert_eq!(bodies, [b"a".to_vec(), b"b".to_vec()]);
+    drop(client);
+    node.stop();
+    // Gone for good, and accepted: the node starts, with a journal anew.
+    std::fs::remove_dir_all(&journals).expect("lose the journals");
+    let mut accepting = cfg;
+    accepting.accept_journal_loss = true;
+    let node = start(accepting);
+    assert!(journals.join("shard-0").is_dir());
+    node.stop();
+}
+
 #[test]
 fn everything_acknowledged_survives_a_restart_and_numbering_continues() {
     let dir = tempfile::tempdir().expect("tempdir");

@@ -204,11 +204,13 @@ fn history_lives_in_objects(backend: Backend) {
         drop(client);
         node.stop();
     }
-    // Restart on the same journal, then without it.
+    // Restart on the same journal, then without it (which a node starts on only when told
+    // the loss is accepted: it cannot know that nothing was only there).
     for lose_journal in [false, true] {
         if lose_journal {
             std::fs::remove_dir_all(dir.path().join("journal")).expect("remove the journal");
         }
+        config.accept_journal_loss = lose_journal;
         let node = start(config.clone());
         let client = node.client();
         for ((name, _), bodies) in streams.iter().zip(&written) {

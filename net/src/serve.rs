@@ -129,6 +129,12 @@ pub fn help() -> String {
          --{INSECURE_NO_AUTH} is given (then it warns at start):\n\n  \
          --{INSECURE_NO_AUTH}: serve a non-loopback --listen address without authentication\n"
     ));
+    text.push_str(&format!(
+        "\nA data directory that ran before needs its journals, which hold acknowledged express\n\
+         records not yet in the object store; a start without them is refused, unless:\n\n  \
+         --{ACCEPT_JOURNAL_LOSS}: start anew a journal that is gone for good, losing the express\n    \
+         records only it held (their sequence numbers may be handed out again)\n"
+    ));
     text.push_str(
         "\nEvery other setting comes from its flag, else its environment variable, else the default:\n\n",
     );
@@ -152,8 +158,11 @@ pub fn help() -> String {
 /// explicit `--insecure-no-auth` flag, and the server warns at start").
 const INSECURE_NO_AUTH: &str = "insecure-no-auth";
 
+/// Starting although a journal of a data directory that ran before is missing.
+const ACCEPT_JOURNAL_LOSS: &str = "accept-journal-loss";
+
 /// Flags that mean true when given alone.
-const SWITCHES: [&str; 2] = ["s3-path-style", INSECURE_NO_AUTH];
+const SWITCHES: [&str; 3] = ["s3-path-style", INSECURE_NO_AUTH, ACCEPT_JOURNAL_LOSS];
 
 /// The cores this process may run on.
 fn cores() -> usize {
@@ -196,7 +205,8 @@ pub fn run(args: &[String]) -> Result<(), String> {
         let known = tuning::TEXT_KNOBS.iter().any(|k| k.flag == name)
             || tuning::KNOBS.iter().any(|k| k.flag == name)
             || S3_FLAGS.iter().any(|(flag, _)| *flag == name)
-            || name == INSECURE_NO_AUTH;
+            || name == INSECURE_NO_AUTH
+            || name == ACCEPT_JOURNAL_LOSS;
         if !known {
             return Err(format!("unknown flag --{name}\n\n{}", help()));
         }
@@ -218,11 +228,12 @@ pub fn run(args: &[String]) -> Result<(), String> {
         listen = probe.local_addr().map_err(|e| format!("cannot listen on {listen}: {e}"))?;
     }
 
-    let insecure = match flag_value(&flags, INSECURE_NO_AUTH) {
-        None | Some("false") => false,
-        Some("true") => true,
-        Some(other) => return Err(format!("--{INSECURE_NO_AUTH} is true or false, not {other:?}")),
+    let switch = |name: &str| match flag_value(&flags, name) {
+        None | Some("false") => Ok(false),
+        Some("true") => Ok(true),
+        Some(other) => Err(format!("--{name} is true or false, not {other:?}")),
     };
+    let insecure = switch(INSECURE_NO_AUTH)?;
     if !listen.ip().is_loopback() {
         if !insecure {
             return Err(format!(
@@ -242,6 +253,13 @@ pub fn run(args: &[String]) -> Result<(), String> {
     let journal_dir = tuning::JOURNAL_DIR.resolve(flag_value(&flags, "journal-dir"));
     if !journal_dir.is_empty() {
         config.journal_dir = Some(journal_dir.into());
+    }
+    config.accept_journal_loss = switch(ACCEPT_JOURNAL_LOSS)?;
+    if config.accept_journal_loss {
+        eprintln!(
+            "nova: WARNING: --{ACCEPT_JOURNAL_LOSS}: a missing journal is started anew; express \
+             records only it held are lost, and their sequence numbers may be handed out again"
+        );
     }
     if let Some(objects) = object_store(&flags)? {
         config.objects = objects;

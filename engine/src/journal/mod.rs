@@ -396,6 +396,11 @@ async fn open_rw(path: &Path) -> Result<DmaFile, JournalError> {
 }
 
 impl Journal {
+    /// Whether a journal was ever opened in `dir` (its epoch file is there).
+    pub fn was_opened(dir: &Path) -> bool {
+        dir.join(EPOCH_FILE).is_file()
+    }
+
     /// Opens (creating if needed) the journal in `dir`, recovers its log and makes this
     /// open's epoch durable. Runs on the shard's executor.
     pub async fn open(
