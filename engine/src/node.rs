@@ -591,6 +591,8 @@ async fn run_shard(
         let _ = ready.send(Err(error));
         return;
     }
+    // What aged out while the node was down goes before anything is served.
+    shard.retention_pass().await;
     let flusher = glommio::spawn_local(Rc::clone(&shard).flusher());
     let _ = ready.send(Ok(()));
     let stopping = ServiceStop(Rc::default(), Rc::default());

@@ -1139,41 +1139,48 @@ impl Shard {
             if self.closing.get() || self.failed.borrow().is_some() {
                 return;
             }
-            let now = self.now_ms();
-            let slots: Vec<Rc<Slot>> = self.streams.borrow().values().cloned().collect();
-            // The streams with records past their bound, each with the stamp a record
-            // must pass to stay, and the backlog: how far past it the oldest one is.
-            let mut due = Vec::new();
-            let mut backlog_ms = 0;
-            for slot in slots {
-                let (age, deleted) = {
-                    let leader = slot.leader.borrow();
-                    (leader.options().retention_max_age_ms, leader.is_deleted())
-                };
-                // A record stamped at or before `expired` is `age` old or more.
-                let Some(expired) = now.checked_sub(age).filter(|_| age > 0 && !deleted) else {
-                    continue;
-                };
-                let oldest = self.oldest_timestamp(&slot);
-                if oldest > expired {
-                    continue;
-                }
-                // 0: the oldest record is not in memory, so its time is not known here.
-                if oldest > 0 {
-                    backlog_ms = backlog_ms.max(expired - oldest);
-                }
-                due.push((slot, expired));
-            }
-            self.count(|s| s.retention_backlog_ms = backlog_ms);
-            for (slot, expired) in due {
-                match self.trim(&slot, TrimTo::Timestamp(expired + 1)).await {
-                    Ok(_) => self.count(|s| s.retention_trims += 1),
-                    // A stream deleted meanwhile, or metadata briefly away: next pass.
-                    Err(_) => continue,
-                }
-            }
-            self.count(|s| s.retention_passes += 1);
+            self.retention_pass().await;
         }
+    }
+
+    /// One pass of the age-retention duty over the shard's streams. Also run once at
+    /// start, before the shard serves, so records that aged out while the node was down
+    /// are never read after it is back.
+    pub(crate) async fn retention_pass(&self) {
+        let now = self.now_ms();
+        let slots: Vec<Rc<Slot>> = self.streams.borrow().values().cloned().collect();
+        // The streams with records past their bound, each with the stamp a record must
+        // pass to stay, and the backlog: how far past it the oldest one is.
+        let mut due = Vec::new();
+        let mut backlog_ms = 0;
+        for slot in slots {
+            let (age, deleted) = {
+                let leader = slot.leader.borrow();
+                (leader.options().retention_max_age_ms, leader.is_deleted())
+            };
+            // A record stamped at or before `expired` is `age` old or more.
+            let Some(expired) = now.checked_sub(age).filter(|_| age > 0 && !deleted) else {
+                continue;
+            };
+            let oldest = self.oldest_timestamp(&slot);
+            if oldest > expired {
+                continue;
+            }
+            // 0: the oldest record is not in memory, so its time is not known here.
+            if oldest > 0 {
+                backlog_ms = backlog_ms.max(expired - oldest);
+            }
+            due.push((slot, expired));
+        }
+        self.count(|s| s.retention_backlog_ms = backlog_ms);
+        for (slot, expired) in due {
+            match self.trim(&slot, TrimTo::Timestamp(expired + 1)).await {
+                Ok(_) => self.count(|s| s.retention_trims += 1),
+                // A stream deleted meanwhile, or metadata briefly away: next pass.
+                Err(_) => continue,
+            }
+        }
+        self.count(|s| s.retention_passes += 1);
     }
 
     /// At start: makes the leader of every live stream of this shard that has an age
