@@ -36,6 +36,8 @@ use crate::uploader::{Uploader, UploaderConfig};
 
 /// The manifest's name in the data directory.
 const MANIFEST: &str = "nova.manifest";
+/// The lock a running node holds in the data directory.
+const LOCK: &str = "nova.lock";
 /// The manifest's format line.
 const MANIFEST_FORMAT: &str = "nova manifest 1";
 
@@ -278,6 +280,8 @@ pub type Service = Arc<
 
 /// A running node.
 pub struct Node {
+    /// Held while the node runs: one node per data directory.
+    _lock: std::fs::File,
     client: Client,
     threads: Vec<glommio::ExecutorJoinHandle<()>>,
     uploader: Uploader,
@@ -338,6 +342,7 @@ impl Node {
                     .map_err(|e| io_error("resolve the journal directory", &e))?,
             );
         }
+        let lock = lock_data_dir(&config.data_dir)?;
         let first_start = check_manifest(&config)?;
         if !first_start && !config.accept_journal_loss {
             check_journals_are_there(&config)?;
@@ -394,7 +399,7 @@ impl Node {
             config.auditor,
             Arc::clone(&client.auditor),
         );
-        let mut node = Node { client, threads, uploader, auditor: None };
+        let mut node = Node { _lock: lock, client, threads, uploader, auditor: None };
         match auditor {
             Ok(auditor) => node.auditor = Some(auditor),
             Err(error) => {
@@ -485,6 +490,24 @@ fn check_journals_are_there(config: &NodeConfig) -> Result<()> {
         }
     }
     Ok(())
+}
+
+/// The data directory's lock, taken: a second node on the same directory is refused
+/// before it touches anything, with a message that says so.
+fn lock_data_dir(dir: &std::path::Path) -> Result<std::fs::File> {
+    let file = std::fs::OpenOptions::new()
+        .create(true)
+        .truncate(false)
+        .write(true)
+        .open(dir.join(LOCK))
+        .map_err(|e| io_error("open its lock file", &e))?;
+    match file.try_lock() {
+        Ok(()) => Ok(file),
+        Err(std::fs::TryLockError::WouldBlock) => Err(Error::Unavailable {
+            what: format!("the data directory {} (another nova is running on it)", dir.display()),
+        }),
+        Err(std::fs::TryLockError::Error(e)) => Err(io_error("lock it", &e)),
+    }
 }
 
 /// Checks the manifest (see below); whether this start wrote it, being the first.

@@ -128,6 +128,17 @@ fn a_missing_journal_is_refused_unless_its_loss_is_accepted() {
     node.stop();
 }
 
+/// One node per data directory: a second one is refused before it touches anything.
+#[test]
+fn a_second_node_on_a_data_directory_in_use_is_refused() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let node = start(config(dir.path(), 1));
+    let refused = engine::node::Node::start(config(dir.path(), 1)).err().expect("refused");
+    assert!(refused.to_string().contains("another nova is running on it"), "{refused}");
+    node.stop();
+    start(config(dir.path(), 1)).stop();
+}
+
 #[test]
 fn everything_acknowledged_survives_a_restart_and_numbering_continues() {
     let dir = tempfile::tempdir().expect("tempdir");

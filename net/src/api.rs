@@ -592,11 +592,15 @@ pub struct ReadParams {
     pub wait: Option<Duration>,
 }
 
+/// The query parameters of a read or a subscription.
 pub const READ_PARAMS: [&str; 8] =
     ["seq_num", "timestamp", "tail_offset", "count", "bytes", "until", "clamp", "wait"];
+/// A ReadPlan's: a read's but `wait` (a plan never waits).
+const PLAN_PARAMS: [&str; 7] =
+    ["seq_num", "timestamp", "tail_offset", "count", "bytes", "until", "clamp"];
 
-pub fn read_params(request: &Request<Incoming>) -> Result<ReadParams, ApiError> {
-    let pairs = query(request, &READ_PARAMS)?;
+pub fn read_params(request: &Request<Incoming>, accepted: &[&str]) -> Result<ReadParams, ApiError> {
+    let pairs = query(request, accepted)?;
     let starts: Vec<ReadStart> = [
         number_param(&pairs, "seq_num")?.map(ReadStart::SeqNum),
         number_param(&pairs, "timestamp")?.map(ReadStart::Timestamp),
@@ -675,7 +679,7 @@ async fn read(
 ) -> Answer {
     let binary = accepts(request, RECORDS_MEDIA_TYPE);
     let encoding = encoding(request)?;
-    let params = read_params(request)?;
+    let params = read_params(request, &READ_PARAMS)?;
     let read = ReadRequest {
         start: params.start,
         clamp: params.clamp,
@@ -707,10 +711,7 @@ async fn plan(
     key: &StreamKey,
     request: &Request<Incoming>,
 ) -> Answer {
-    let params = read_params(request)?;
-    if params.wait.is_some() {
-        return Err(ApiError::invalid("query parameter wait does not apply to a ReadPlan"));
-    }
+    let params = read_params(request, &PLAN_PARAMS)?;
     let plan = PlanRequest {
         start: params.start,
         clamp: params.clamp,

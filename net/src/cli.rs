@@ -72,7 +72,9 @@ const VERBS: &[(&str, &str, &str)] = &[
 fn usage() -> String {
     let mut text = String::from(
         "nova: a durable stream store\n\nusage: nova [--server URL] [--json] VERB ...\n\
-         --server defaults to $NOVA_SERVER when it is set and not empty, else http://127.0.0.1:8080\n\n",
+         --server defaults to $NOVA_SERVER when it is set and not empty, else http://127.0.0.1:8080\n\
+         In nova://B/K the key K is everything after the bucket, as written: `/` is part of it\n\
+         and nothing is percent-decoded (nova://apps/orders/eu is the key orders/eu).\n\n",
     );
     for (_, line, _) in VERBS {
         text.push_str(&format!("  {line}\n"));
@@ -218,7 +220,7 @@ const SWITCHES: &[&str] = &[
 fn parse(args: Vec<String>) -> Result<Args, Failure> {
     let mut positional = Vec::new();
     let mut flags = Vec::new();
-    let mut iter = args.into_iter();
+    let mut iter = args.into_iter().peekable();
     while let Some(arg) = iter.next() {
         let name = match arg.as_str() {
             "-f" => "follow".to_owned(),
@@ -239,7 +241,9 @@ fn parse(args: Vec<String>) -> Result<Args, Failure> {
             }
             flags.push((name.to_owned(), Some(value.to_owned())));
         } else if SWITCHES.contains(&name.as_str()) {
-            flags.push((name, None));
+            // `--switch true` (or false) as well as `--switch=true`.
+            let value = iter.next_if(|next| matches!(next.as_str(), "true" | "false"));
+            flags.push((name, value));
         } else {
             let value =
                 iter.next().ok_or_else(|| usage_error(format!("--{name} needs a value")))?;

@@ -189,28 +189,28 @@ pub fn run(args: &[String]) -> Result<(), String> {
         let Some(name) = arg.strip_prefix("--") else {
             return Err(format!("unexpected argument {arg:?}\n\n{}", help()));
         };
-        let (name, value) = match name.split_once('=') {
-            Some((name, value)) => (name.to_owned(), value.to_owned()),
-            // The switches: alone, they mean true.
-            None if SWITCHES.contains(&name)
-                && rest.clone().next().is_none_or(|next| next.starts_with("--")) =>
-            {
-                (name.to_owned(), "true".to_owned())
-            }
-            None => {
-                let value = rest.next().ok_or_else(|| format!("--{name} needs a value"))?;
-                (name.to_owned(), value.clone())
-            }
+        let (name, inline) = match name.split_once('=') {
+            Some((name, value)) => (name, Some(value.to_owned())),
+            None => (name, None),
         };
         let known = tuning::TEXT_KNOBS.iter().any(|k| k.flag == name)
             || tuning::KNOBS.iter().any(|k| k.flag == name)
             || S3_FLAGS.iter().any(|(flag, _)| *flag == name)
-            || name == INSECURE_NO_AUTH
-            || name == ACCEPT_JOURNAL_LOSS;
+            || SWITCHES.contains(&name);
         if !known {
             return Err(format!("unknown flag --{name}\n\n{}", help()));
         }
-        flags.push((name, value));
+        let value = match inline {
+            Some(value) => value,
+            // The switches: alone, they mean true.
+            None if SWITCHES.contains(&name)
+                && rest.clone().next().is_none_or(|next| next.starts_with("--")) =>
+            {
+                "true".to_owned()
+            }
+            None => rest.next().ok_or_else(|| format!("--{name} needs a value"))?.clone(),
+        };
+        flags.push((name.to_owned(), value));
     }
     let listen_text = tuning::LISTEN.resolve(flag_value(&flags, "listen"));
     let data_dir = tuning::DATA_DIR.resolve(flag_value(&flags, "data-dir"));

@@ -105,7 +105,7 @@ pub async fn subscribe(
     binary: bool,
 ) -> Result<Response<Body>, ApiError> {
     let wire = if binary { Wire::Binary } else { Wire::Sse(api::encoding(request)?) };
-    let params = api::read_params(request)?;
+    let params = api::read_params(request, &api::READ_PARAMS)?;
     let resume = match request.headers().get("last-event-id") {
         None => None,
         Some(value) => Some(

@@ -155,6 +155,8 @@ fn serve_refuses_s3_flags_it_cannot_use() {
             "--s3-path-style must be true or false",
         ),
         (&["--s3-bucket", ""][..], "--s3-bucket must name a bucket"),
+        // An unknown flag is named as one, not as one that needs a value.
+        (&["--bogus"][..], "unknown flag --bogus"),
     ] {
         let out = Command::new(env!("CARGO_BIN_EXE_nova"))
             .args(["serve", "--listen", "127.0.0.1:0", "--data-dir"])
@@ -305,6 +307,12 @@ fn every_stream_option_has_a_flag_and_switches_take_true_or_false() {
     ] {
         assert_eq!(stream[field], value, "{field}");
     }
+    // A switch takes its value after a space too.
+    ok(&server, &["bucket", "create", "opt2", "--create-on-read", "false", "--json"], None);
+    assert_eq!(
+        json_of(&server, &["--json", "bucket", "get", "opt2"])["create_stream_on_read"],
+        false
+    );
     let args = [
         "stream",
         "reconfigure",
