@@ -167,6 +167,11 @@ fn parse(args: &[String]) -> Result<Options, String> {
             json = true;
             continue;
         }
+        let known = ["data-dir", "journal-dir", "sync-writes"].contains(&name)
+            || crate::serve::S3_FLAGS.iter().any(|(flag, _)| *flag == name);
+        if !known {
+            return Err(format!("unknown flag --{name}"));
+        }
         let value = match inline {
             Some(value) => value,
             // `--s3-path-style` alone means true, as in `nova serve`.
@@ -186,10 +191,7 @@ fn parse(args: &[String]) -> Result<Options, String> {
                         || format!("--sync-writes must be 10..=100000, not {value:?}"),
                     )?;
             }
-            s3 if crate::serve::S3_FLAGS.iter().any(|(flag, _)| *flag == s3) => {
-                s3_flags.push((s3.to_owned(), value));
-            }
-            other => return Err(format!("unknown flag --{other}")),
+            s3 => s3_flags.push((s3.to_owned(), value)),
         }
     }
     let data_dir = PathBuf::from(tuning::DATA_DIR.resolve(data_dir.as_deref()));
@@ -1029,6 +1031,9 @@ mod tests {
             vec![("s3-bucket".into(), "b".into()), ("s3-path-style".into(), "true".into())]
         );
         assert!(parse(&["--bogus".to_owned(), "1".to_owned()]).is_err());
+        // Named as unknown, alone too, not as a flag that needs a value.
+        let unknown = parse(&["--bogus".to_owned()]).err().expect("refused");
+        assert_eq!(unknown, "unknown flag --bogus");
         assert!(parse(&["--sync-writes".to_owned(), "1".to_owned()]).is_err());
     }
 }
