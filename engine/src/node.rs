@@ -134,6 +134,8 @@ impl NodeConfig {
                 retention_interval: std::time::Duration::from_millis(
                     tuning::RETENTION_INTERVAL_MS.default,
                 ),
+                read_page_loads_max: usize::try_from(tuning::READ_PAGE_LOADS_MAX.default)
+                    .expect("small"),
             },
             journal: JournalConfig::default(),
             meta: RedbMetaOptions::default(),
@@ -176,6 +178,7 @@ impl NodeConfig {
         self.shard.settle.early_bytes_min = value(t::SETTLE_EARLY_BYTES_MIN)?;
         self.shard.settle.in_flight_max = count(value(t::SETTLES_IN_FLIGHT_MAX)?);
         self.shard.retention_interval = ms(value(t::RETENTION_INTERVAL_MS)?);
+        self.shard.read_page_loads_max = count(value(t::READ_PAGE_LOADS_MAX)?);
         self.inbox_depth = count(value(t::SHARD_INBOX_DEPTH)?);
         self.handlers_max = value(t::SHARD_HANDLERS_MAX)?;
         self.journal.segment_bytes = value(t::JOURNAL_SEGMENT_BYTES)?;

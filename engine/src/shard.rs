@@ -167,6 +167,8 @@ pub struct ShardConfig {
     pub settle: SettleConfig,
     /// How often age retention is applied (`retention-interval-ms`).
     pub retention_interval: Duration,
+    /// Chunks not in memory one read page loads before it ends (`read-page-loads-max`).
+    pub read_page_loads_max: usize,
 }
 
 /// Journal chunks found without a ref at start, uploaded per job.
@@ -1026,11 +1028,13 @@ impl Shard {
         }
     }
 
-    /// One page from `from`, and whether a chunk had to be loaded for it.
+    /// One page from `from`, and whether a chunk had to be loaded for it: up to
+    /// `read-page-loads-max` of them, one after the other.
     async fn page(&self, slot: &Slot, from: u64, limits: PageLimits) -> Result<(ReadReply, bool)> {
-        let mut loaded = false;
+        let mut loads = 0;
         loop {
-            let step = slot.leader.borrow().page(from, limits);
+            let may_load = loads < self.config.read_page_loads_max;
+            let step = slot.leader.borrow().page(from, limits, may_load);
             match step {
                 Step::Ready(page) => {
                     let mut frames = Vec::new();
@@ -1045,10 +1049,10 @@ impl Shard {
                         tail: page.tail,
                         reached_until: page.reached_until,
                     };
-                    return Ok((reply, loaded));
+                    return Ok((reply, loads > 0));
                 }
                 Step::Load { first_seq_num, location } => {
-                    loaded = true;
+                    loads += 1;
                     self.load(slot, first_seq_num, location).await?
                 }
             }

@@ -516,10 +516,10 @@ impl<B: ChunkStorage, L: Clone> Leader<B, L> {
         Ok(Step::Ready(seq.max(first)))
     }
 
-    /// One page from `from` (a located start), within `limits`. A page ends early at a
-    /// chunk that is only in storage when it already holds records; it asks to load a
-    /// chunk only when it has none.
-    pub fn page(&self, from: u64, limits: PageLimits) -> Step<Page, L> {
+    /// One page from `from` (a located start), within `limits`. At a chunk that is only
+    /// in storage it asks to load it when the page has no records yet or `may_load`
+    /// (the caller bounds the loads of one page), and else ends the page there.
+    pub fn page(&self, from: u64, limits: PageLimits, may_load: bool) -> Step<Page, L> {
         let mut page = Page {
             parts: Vec::new(),
             next_seq_num: from,
@@ -533,14 +533,12 @@ impl<B: ChunkStorage, L: Clone> Leader<B, L> {
             let index = self.chunks.partition_point(|c| c.end_seq_num() <= seq);
             let chunk = &self.chunks[index];
             let Some(cached) = &chunk.cached else {
-                if page.parts.is_empty() {
+                if page.parts.is_empty() || may_load {
                     return Step::Load {
                         first_seq_num: chunk.first_seq_num,
                         location: chunk.location.clone(),
                     };
                 }
-                // End the page here: one load per page, so a page never needs more
-                // chunks in memory at once than the budget can hold.
                 break;
             };
             let view = cached.records();

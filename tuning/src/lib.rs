@@ -399,6 +399,18 @@ pub const SETTLE_EARLY_BYTES_MIN: Knob = Knob {
     reason: "with 100 busy streams sharing a 1 GiB cache, runs leave the cache at about 10 MiB each and were read back one GET per chunk; a floor of 4 MiB keeps those from memory while a quiet stream's few records do not become an object of their own every few seconds",
 };
 
+/// Chunks one read page may load.
+pub const READ_PAGE_LOADS_MAX: Knob = Knob {
+    flag: "read-page-loads-max",
+    env: "NOVA_READ_PAGE_LOADS_MAX",
+    unit: Unit::Count,
+    default: 16,
+    min: 1,
+    max: 1024,
+    help: "chunks not in memory that one read page loads (from the journal or the object store, one after the other) before it ends at the next one; a page's record and byte limits end it first",
+    reason: "at 1, a read of history not in memory (after a restart, or past the cache) got one chunk per page: a reader catching up on one-record batches made a round trip per record. 16 fill a page of the largest size from express chunks of the default size, and bound how long one page takes",
+};
+
 /// Settles one shard runs at once.
 pub const SETTLES_IN_FLIGHT_MAX: Knob = Knob {
     flag: "settles-in-flight-max",
@@ -565,6 +577,7 @@ pub const KNOBS: &[Knob] = &[
     SETTLE_INTERVAL_MS,
     SETTLE_EARLY_BYTES_MIN,
     SETTLES_IN_FLIGHT_MAX,
+    READ_PAGE_LOADS_MAX,
     RETENTION_INTERVAL_MS,
     AUDITOR_READ_GRACE,
     AUDITOR_INTERVAL_MS,

@@ -125,8 +125,19 @@ impl Harness {
 
     /// Reads one page: (seq_num, timestamp, body) of each record, and the next seq.
     fn page(&mut self, from: u64, limits: PageLimits) -> (Vec<(u64, u64, Vec<u8>)>, Page) {
+        self.page_loading(from, limits, usize::MAX)
+    }
+
+    /// [`Harness::page`], loading at most `loads_max` chunks for it, as the shard does.
+    fn page_loading(
+        &mut self,
+        from: u64,
+        limits: PageLimits,
+        loads_max: usize,
+    ) -> (Vec<(u64, u64, Vec<u8>)>, Page) {
+        let mut loads = 0;
         loop {
-            match self.leader.page(from, limits) {
+            match self.leader.page(from, limits, loads < loads_max) {
                 Step::Ready(page) => {
                     let records = page
                         .parts
@@ -147,7 +158,10 @@ impl Harness {
                         .collect();
                     return (records, page);
                 }
-                Step::Load { first_seq_num, location } => self.load(first_seq_num, location),
+                Step::Load { first_seq_num, location } => {
+                    loads += 1;
+                    self.load(first_seq_num, location);
+                }
             }
         }
     }
@@ -403,18 +417,25 @@ fn evicted_chunks_are_loaded_back() {
     assert_eq!(freed, 4 * 9);
     assert_eq!(h.leader.evict(0), None, "already evicted");
     assert_eq!(h.leader.cached_bytes(), 0);
-    // One load per page: each page is one stored chunk here.
-    let mut from = 0;
-    let mut seen = Vec::new();
-    while from < 4 {
-        let (records, page) = h.page(from, ALL);
-        assert_eq!(records.len(), 1);
-        seen.extend(records.into_iter().map(|r| r.0));
-        from = page.next_seq_num;
+    // Two loads per page: each page is two stored chunks here, and ends at the next one
+    // not in memory (a page with no records yet loads one whatever the bound).
+    for loads_max in [2, 0] {
+        let mut from = 0;
+        let mut pages = Vec::new();
+        while from < 4 {
+            let (records, page) = h.page_loading(from, ALL, loads_max);
+            pages.push(records.into_iter().map(|r| r.0).collect::<Vec<_>>());
+            from = page.next_seq_num;
+        }
+        if loads_max == 2 {
+            assert_eq!(pages, [vec![0, 1], vec![2, 3]]);
+            (0..4).for_each(|seq| _ = h.leader.evict(seq));
+        } else {
+            assert_eq!(pages, [vec![0], vec![1], vec![2], vec![3]]);
+        }
     }
-    assert_eq!(seen, [0, 1, 2, 3]);
-    // Once loaded, one page covers them all.
-    assert_eq!(h.page(0, ALL).0.len(), 4);
+    // Once loaded, one page covers them all, loading nothing.
+    assert_eq!(h.page_loading(0, ALL, 0).0.len(), 4);
 }
 
 #[test]
