@@ -335,6 +335,8 @@ pub struct ShardStats {
     pub upload_jobs: u64,
     /// Reads waiting for records now (long polls).
     pub reads_waiting: u64,
+    /// Appends sequenced and waiting to be durable now.
+    pub appends_waiting: u64,
     /// Settled objects written, and settles that failed (tried again later).
     pub settled_objects: u64,
     pub settle_failures: u64,
@@ -490,12 +492,15 @@ impl Shard {
     }
 
     /// The node is stopping: reads waiting for records answer now with what they have
-    /// (an empty page), so that stopping never waits out a long poll.
+    /// (an empty page), so that stopping never waits out a long poll, and batches waiting
+    /// for their stream's `batch_max_delay_ms` are flushed now, so it never waits that
+    /// out either.
     pub(crate) fn close(&self) {
         self.closing.set(true);
         for slot in self.streams.borrow().values() {
             slot.changed.notify();
         }
+        self.work.notify();
     }
 
     /// Asks the flusher to return once every queued stream is flushed. Called after the
@@ -747,7 +752,10 @@ impl Shard {
             )?
         };
         self.queue_flush(slot);
-        self.wait_durable(slot, sequenced.end.seq_num).await?;
+        self.count(|s| s.appends_waiting += 1);
+        let durable = self.wait_durable(slot, sequenced.end.seq_num).await;
+        self.count(|s| s.appends_waiting -= 1);
+        durable?;
         self.count(|s| {
             let class = s.class_mut(class);
             class.appends += 1;
@@ -932,7 +940,7 @@ impl Shard {
         let queued: Vec<StreamId> = self.queue.borrow_mut().drain(..).collect();
         for id in queued {
             let Some(slot) = self.streams.borrow().get(&id).cloned() else { continue };
-            if !slot.due.get() {
+            if !slot.due.get() && !self.closing.get() {
                 waiting.push_back(id);
                 continue;
             }

@@ -152,6 +152,33 @@ fn a_read_after_a_restart_loads_several_chunks_for_one_page() {
     node.stop();
 }
 
+/// A stop flushes the batches waiting for their stream's batch delay at once, instead of
+/// waiting it out, and acknowledges them.
+#[test]
+fn stopping_flushes_batches_waiting_for_their_delay() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let node = start(config(dir.path(), 1));
+    let client = node.client();
+    let bucket = make_bucket(&client, "delay", StorageClass::Standard, true);
+    block_on(client.append(&bucket, &key("k"), plain(&["first"]))).expect("append");
+    let slow = StreamOptionsPatch { batch_max_delay_ms: Some(60_000), ..Default::default() };
+    block_on(client.reconfigure(&bucket, &key("k"), slow)).expect("reconfigure");
+    let pending = {
+        let (client, bucket) = (client.clone(), bucket.clone());
+        thread::spawn(move || block_on(client.append(&bucket, &key("k"), plain(&["waits"]))))
+    };
+    // The append is sequenced (the tail it will make is known) before the stop begins.
+    while block_on(client.stats()).expect("stats")[0].appends_waiting == 0 {
+        thread::sleep(Duration::from_millis(5));
+    }
+    drop(client);
+    let started = Instant::now();
+    node.stop();
+    assert!(started.elapsed() < Duration::from_secs(30), "stop took {:?}", started.elapsed());
+    let ack = pending.join().expect("append thread").expect("acknowledged at the stop");
+    assert_eq!(ack.start.seq_num, 1);
+}
+
 /// One node per data directory: a second one is refused before it touches anything.
 #[test]
 fn a_second_node_on_a_data_directory_in_use_is_refused() {

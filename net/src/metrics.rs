@@ -121,7 +121,7 @@ impl Metrics {
         for (shard, _, _, in_flight) in &connections {
             let _ = writeln!(out, "nova_http_requests_in_flight{{shard=\"{shard}\"}} {in_flight}");
         }
-        let engine_counters: [(EngineCounter, &str); 17] = [
+        let engine_counters: [(EngineCounter, &str); 18] = [
             (
                 ("nova_shard_groups_total", "journal group commits written", ShardStats::groups),
                 "counter",
@@ -149,6 +149,14 @@ impl Metrics {
             ),
             (
                 ("nova_shard_reads_waiting", "long polls waiting for records", |s| s.reads_waiting),
+                "gauge",
+            ),
+            (
+                (
+                    "nova_shard_appends_waiting",
+                    "appends sequenced and waiting to be durable",
+                    |s| s.appends_waiting,
+                ),
                 "gauge",
             ),
             (

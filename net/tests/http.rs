@@ -958,6 +958,7 @@ fn health_metrics_and_request_ids(nova: &Nova) {
         ("nova_shard_busy_microseconds_total", "counter"),
         ("nova_settled_early_objects_total", "counter"),
         ("nova_settle_backlog_seconds", "gauge"),
+        ("nova_shard_appends_waiting", "gauge"),
         ("nova_retention_backlog_seconds", "gauge"),
         ("nova_appends_total", "counter"),
         ("nova_bytes_out_total", "counter"),
