@@ -13,7 +13,7 @@
 //! manifest records it and a node with another count refuses to start.
 
 use std::collections::HashMap;
-use std::path::PathBuf;
+use std::path::{Path, PathBuf};
 use std::rc::Rc;
 use std::sync::{Arc, RwLock};
 
@@ -466,10 +466,6 @@ fn io_error(op: &'static str, error: &std::io::Error) -> Error {
     Error::Unavailable { what: format!("the data directory ({op}: {error})") }
 }
 
-/// Checks the data directory's manifest against the layout `config` asks for, or writes
-/// it on a first start: the shard count (the journals are per shard) and where the
-/// journals are. A manifest from before `--journal-dir` has no journal line; its
-/// journals are in the data directory.
 /// A data directory that has run before has a journal per shard: one that is missing or
 /// empty (its disk not mounted, a directory removed) held acknowledged express records
 /// not yet in the object store, and a start without it would lose them and hand their
@@ -497,7 +493,7 @@ fn check_journals_are_there(config: &NodeConfig) -> Result<()> {
 
 /// The data directory's lock, taken: a second node on the same directory is refused
 /// before it touches anything, with a message that says so.
-fn lock_data_dir(dir: &std::path::Path) -> Result<std::fs::File> {
+fn lock_data_dir(dir: &Path) -> Result<std::fs::File> {
     let file = std::fs::OpenOptions::new()
         .create(true)
         .truncate(false)
@@ -513,7 +509,10 @@ fn lock_data_dir(dir: &std::path::Path) -> Result<std::fs::File> {
     }
 }
 
-/// Checks the manifest (see below); whether this start wrote it, being the first.
+/// Checks the data directory's manifest against the layout `config` asks for, or writes
+/// it on a first start: the shard count (the journals are per shard) and where the
+/// journals are. A manifest from before `--journal-dir` has no journal line; its
+/// journals are in the data directory. Whether this start wrote it, being the first.
 fn check_manifest(config: &NodeConfig) -> Result<bool> {
     let (dir, shards, journals) = (&config.data_dir, config.shards, config.journal_dir());
     let path = dir.join(MANIFEST);
@@ -558,11 +557,12 @@ fn check_manifest(config: &NodeConfig) -> Result<bool> {
             format!(
                 "the data directory {} keeps its express journals in {} (its manifest); \
                  starting with them elsewhere would leave behind acknowledged records not yet \
-                 in the object store: start with --journal-dir {} (after moving them there, \
-                 if they moved)",
+                 in the object store: start with --journal-dir {}, or, to move them, stop \
+                 nova, move the directory and change the journal line of {}",
                 dir.display(),
                 kept.display(),
-                kept.display()
+                kept.display(),
+                path.display()
             ),
         );
     }
