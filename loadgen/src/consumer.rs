@@ -10,6 +10,7 @@ use std::time::{Duration, Instant};
 use hdrhistogram::Histogram;
 use net::client::{Client, Format, ReadOptions, Start, SubscriptionEvent};
 
+use crate::interrupt::Interrupt;
 use crate::payload::Payload;
 use crate::producer::StreamSpec;
 use crate::run::Shared;
@@ -94,12 +95,14 @@ pub struct ReadBack {
     pub bytes: u64,
 }
 
-/// Reads `spec` from its first record up to `tail` (exclusive), feeding `checker`.
+/// Reads `spec` from its first record up to `tail` (exclusive), feeding `checker`; gives
+/// up when `interrupt` is set.
 pub fn read_back(
     client: &Client,
     spec: &StreamSpec,
     tail: u64,
     mut checker: Option<&mut Checker>,
+    interrupt: &Interrupt,
 ) -> Result<ReadBack, String> {
     let mut out = ReadBack::default();
     if tail <= spec.base_seq {
@@ -115,6 +118,10 @@ pub fn read_back(
         .subscribe(&spec.address, &options, sse)
         .map_err(|e| format!("{}: read back: {e}", spec.address))?;
     for event in subscription {
+        if let Some(signal) = interrupt.signal() {
+            let signal = crate::interrupt::signal_name(signal);
+            return Err(format!("{}: read back: interrupted ({signal})", spec.address));
+        }
         match event {
             Ok(SubscriptionEvent::Records { records, .. }) => {
                 for r in &records {

@@ -13,6 +13,7 @@
 
 pub mod config;
 pub mod consumer;
+pub mod interrupt;
 pub mod payload;
 pub mod producer;
 pub mod report;

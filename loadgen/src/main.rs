@@ -2,11 +2,13 @@
 //!
 //! Exit status: 0 when the run completed (and verified, with --verify); 1 when it could
 //! not run (bad arguments, no server, a report that could not be written); 2 when
-//! verification found a problem.
+//! verification found a problem; 128 + the signal's number (130, 143) when SIGINT or
+//! SIGTERM ended it early (its report is still printed and written).
 
 use std::process::ExitCode;
 
 use loadgen::config::{Config, USAGE};
+use loadgen::interrupt::{self, Interrupt};
 use loadgen::report;
 
 /// The server's allocator (`engine::aligned::PoolingAllocator`, mimalloc beneath): the
@@ -31,10 +33,17 @@ fn main() -> ExitCode {
     if let Some(warning) = config.connections_warning() {
         eprintln!("loadgen: warning: {warning}");
     }
+    let interrupt = match Interrupt::on_signals() {
+        Ok(interrupt) => interrupt,
+        Err(e) => {
+            eprintln!("loadgen: cannot handle signals: {e}");
+            return ExitCode::from(1);
+        }
+    };
     let outputs = (config.json.clone(), config.hdr_log.clone(), config.report.clone());
     // Said on stderr before the load starts, so a caller can reach the same server.
     let mut on_target = |url: &str| eprintln!("loadgen: target {url}");
-    let outcome = match loadgen::run::run(config, &mut on_target) {
+    let outcome = match loadgen::run::run(config, &interrupt, &mut on_target) {
         Ok(outcome) => outcome,
         Err(e) => {
             eprintln!("loadgen: {e}");
@@ -71,6 +80,9 @@ fn main() -> ExitCode {
             report::svg(&outcome)
         };
         failed |= write(&path, text.as_bytes());
+    }
+    if let Some(signal) = outcome.interrupted {
+        return ExitCode::from(interrupt::exit_status(signal));
     }
     if outcome.verify_failed() {
         return ExitCode::from(2);

@@ -5,6 +5,13 @@
 //! Ack latency is the acknowledgement's arrival on the session's reader thread minus the
 //! batch's intended send time: a batch sent late because the session was full or the
 //! thread was behind carries that delay in its latency.
+//!
+//! A producer never waits inside `AppendSession::submit`: it submits only to a connection
+//! with a free `--in-flight` slot and otherwise polls for acknowledgements, so the end of
+//! the run (or an interrupt) can stop a wait the server would make unbounded. Sending stops
+//! at the end; what the open-loop schedule called for before it and could not send counts
+//! as behind schedule, and the acknowledgements still due are collected for at most
+//! [`ACK_WAIT_MAX`].
 
 use std::collections::VecDeque;
 use std::sync::atomic::Ordering;
@@ -38,7 +45,8 @@ pub struct ProducerOutcome {
     pub sent_batches: u64,
     pub acked_batches: u64,
     pub failed_batches: u64,
-    /// Batches the schedule called for before the end that were never sent (open loop).
+    /// Batches the schedule called for before the end that were never sent because the
+    /// producer was blocked, every slot taken, when the end came (open loop).
     pub unsent_batches: u64,
     pub errors: Vec<String>,
 }
@@ -71,6 +79,32 @@ struct StreamState {
 
 const ERRORS_KEPT: usize = 5;
 
+/// How often a producer with nothing to send but acknowledgements to wait for looks for
+/// them. Their times are taken on the sessions' reader threads, so polling costs no
+/// accuracy.
+const POLL: Duration = Duration::from_micros(50);
+
+/// How long after the end a batch the schedule called for before it may still be sent, as
+/// long as a slot is free: a thread woken a little late is not behind schedule, but one
+/// still catching up with a backlog stops here.
+pub const LATE_SEND_MAX: Duration = Duration::from_millis(100);
+
+/// Once sending has stopped, how long a producer waits for the acknowledgements of the
+/// batches in flight. The ones still unanswered count as failed (they may yet land) and
+/// their connections are closed.
+pub const ACK_WAIT_MAX: Duration = Duration::from_secs(30);
+
+impl StreamState {
+    /// The stream's next connection, round robin, with a free slot: `submit` on it does not
+    /// wait.
+    fn free_lane(&self, in_flight: usize) -> Option<usize> {
+        let lanes = self.lanes.len();
+        (0..lanes)
+            .map(|k| (self.next_lane + k) % lanes)
+            .find(|&l| self.lanes[l].session.is_some() && self.lanes[l].in_flight.len() < in_flight)
+    }
+}
+
 struct Producer<'a> {
     shared: &'a Shared,
     client: &'a Client,
@@ -79,6 +113,8 @@ struct Producer<'a> {
     body: Vec<u8>,
     filler: Vec<u8>,
     rng: u64,
+    /// Where the measured window ends: the clock's end, or earlier once interrupted.
+    window_end: Instant,
     out: ProducerOutcome,
 }
 
@@ -93,6 +129,7 @@ pub fn run(shared: &Shared, client: &Client, specs: Vec<StreamSpec>, seed: u64) 
         body: Vec::with_capacity(config.record_bytes.max()),
         filler: payload::filler(config.record_bytes.max()),
         rng: seed.wrapping_mul(0x9e37_79b9_7f4a_7c15) | 1,
+        window_end: clock.end,
         out: ProducerOutcome {
             ack: crate::stats::histogram(),
             ledgers: Vec::new(),
@@ -144,22 +181,16 @@ pub fn run(shared: &Shared, client: &Client, specs: Vec<StreamSpec>, seed: u64) 
     match config.load {
         Load::Open { .. } => {
             p.open_loop(&mut streams, interval);
+            let window_end = p.window_end;
             p.out.unsent_batches = streams
                 .iter()
                 .filter(|s| !s.dead)
-                .map(|s| unsent(s.next_due, clock.end, interval))
+                .map(|s| unsent(s.next_due, window_end, interval))
                 .sum();
         }
         Load::Closed => p.closed_loop(&mut streams),
     }
-    // Sending is over: wait for every acknowledgement.
-    for s in &mut streams {
-        for lane in 0..s.lanes.len() {
-            while let Some(ack) = s.lanes[lane].session.as_mut().and_then(AppendSession::recv) {
-                p.on_ack(s, lane, ack);
-            }
-        }
-    }
+    p.collect_in_flight(&mut streams);
     p.out.ack = p.series.finish();
     p.out.ledgers = streams.into_iter().map(|s| (s.spec, s.ledger)).collect();
     p.out
@@ -173,9 +204,30 @@ impl Producer<'_> {
         }
     }
 
+    /// Whether the run was interrupted; the measured window then ends when the first worker
+    /// noticed, and the open loop treats that as the end.
+    fn stopping(&mut self) -> bool {
+        match self.shared.stop_requested() {
+            Some(at) => {
+                self.window_end = self.window_end.min(at);
+                true
+            }
+            None => false,
+        }
+    }
+
+    fn measured(&self, at: Instant) -> bool {
+        at >= self.shared.clock.measure_from && at < self.window_end
+    }
+
+    /// Sends each stream's batches at their scheduled times until the end (of the window:
+    /// an interrupt brings it forward). A batch waits for a free slot (every stream of the
+    /// producer waits with it) no later than the end: there the producer stops, and [`run`]
+    /// counts what the schedule still called for as behind schedule.
     fn open_loop(&mut self, streams: &mut [StreamState], interval: Duration) {
-        let end = self.shared.clock.end;
+        let in_flight = self.shared.config.in_flight;
         loop {
+            self.stopping();
             let Some(i) = (0..streams.len())
                 .filter(|&i| !streams[i].dead)
                 .min_by_key(|&i| streams[i].next_due)
@@ -183,7 +235,7 @@ impl Producer<'_> {
                 return;
             };
             let due = streams[i].next_due;
-            if due >= end {
+            if due >= self.window_end {
                 return;
             }
             // Wait for the schedule, collecting acknowledgements meanwhile (their times
@@ -194,9 +246,29 @@ impl Producer<'_> {
                 if now >= due {
                     break;
                 }
+                // Interrupted: the end is now, before `due`.
+                if self.stopping() {
+                    return;
+                }
                 std::thread::sleep((due - now).min(Duration::from_millis(20)));
             }
-            self.send(&mut streams[i], due);
+            let lane = loop {
+                if let Some(lane) = streams[i].free_lane(in_flight) {
+                    break lane;
+                }
+                // Blocked: every slot of the stream's connections is taken.
+                self.stopping();
+                if Instant::now() >= self.window_end {
+                    return;
+                }
+                std::thread::sleep(POLL);
+                self.drain(streams);
+            };
+            if Instant::now() >= self.window_end + LATE_SEND_MAX {
+                return;
+            }
+            streams[i].next_lane = (lane + 1) % streams[i].lanes.len();
+            self.send(&mut streams[i], lane, due);
             streams[i].next_due += interval;
         }
     }
@@ -204,29 +276,62 @@ impl Producer<'_> {
     fn closed_loop(&mut self, streams: &mut [StreamState]) {
         let end = self.shared.clock.end;
         let in_flight = self.shared.config.in_flight;
-        while Instant::now() < end {
+        while Instant::now() < end && !self.stopping() {
             let mut live = false;
             for s in streams.iter_mut().filter(|s| !s.dead) {
                 live = true;
                 for lane in 0..s.lanes.len() {
                     while s.lanes[lane].in_flight.len() < in_flight && Instant::now() < end {
-                        s.next_lane = lane;
-                        self.send(s, Instant::now());
+                        self.send(s, lane, Instant::now());
                     }
                 }
             }
             if !live {
                 return;
             }
-            // Wait for any acknowledgement to free a slot. Polling costs no accuracy:
-            // latencies are taken on the sessions' reader threads as answers arrive.
+            // Wait for any acknowledgement to free a slot.
             let before = self.out.acked_batches + self.out.failed_batches;
-            while self.out.acked_batches + self.out.failed_batches == before && Instant::now() < end
+            while self.out.acked_batches + self.out.failed_batches == before
+                && Instant::now() < end
+                && !self.stopping()
             {
                 self.drain(streams);
                 if self.out.acked_batches + self.out.failed_batches == before {
-                    std::thread::sleep(Duration::from_micros(50));
+                    std::thread::sleep(POLL);
                 }
+            }
+        }
+    }
+
+    /// Sending is over: collects the acknowledgements of what is in flight, for at most
+    /// [`ACK_WAIT_MAX`]; what is still unanswered then counts as failed.
+    fn collect_in_flight(&mut self, streams: &mut [StreamState]) {
+        let deadline = Instant::now() + ACK_WAIT_MAX;
+        let waiting = |streams: &[StreamState]| {
+            streams.iter().flat_map(|s| &s.lanes).any(|l| !l.in_flight.is_empty())
+        };
+        loop {
+            self.drain(streams);
+            if !waiting(streams) || Instant::now() >= deadline {
+                break;
+            }
+            std::thread::sleep(Duration::from_millis(1));
+        }
+        for s in streams.iter_mut() {
+            for lane in &mut s.lanes {
+                if lane.in_flight.is_empty() {
+                    continue;
+                }
+                let unanswered = lane.in_flight.len() as u64;
+                lane.in_flight.clear();
+                // Closing the connection ends the session's threads; the server may still
+                // apply what it read (verification allows both).
+                lane.session = None;
+                self.out.failed_batches += unanswered;
+                self.error(format!(
+                    "{}: {unanswered} batches unanswered {ACK_WAIT_MAX:?} after sending stopped (counted failed)",
+                    s.spec.address
+                ));
             }
         }
     }
@@ -257,8 +362,9 @@ impl Producer<'_> {
         }
     }
 
-    /// Frames and submits the stream's next batch, intended for `intended`.
-    fn send(&mut self, s: &mut StreamState, intended: Instant) {
+    /// Frames the stream's next batch, intended for `intended`, and submits it on
+    /// connection `lane_no`.
+    fn send(&mut self, s: &mut StreamState, lane_no: usize, intended: Instant) {
         let verify = self.shared.config.verify;
         let sent_unix_ns = self.shared.clock.unix_ns(intended);
         self.batch.clear();
@@ -280,8 +386,6 @@ impl Producer<'_> {
             }
         }
         let count = self.batch.len() as u64;
-        let lane_no = s.next_lane;
-        s.next_lane = (s.next_lane + 1) % s.lanes.len().max(1);
         let Some(session) = s.lanes.get_mut(lane_no).and_then(|l| l.session.as_mut()) else {
             s.dead = true;
             return;
@@ -335,12 +439,12 @@ impl Producer<'_> {
                 self.series.record(
                     clock.second(f.intended),
                     latency.as_micros() as u64,
-                    clock.measured(f.intended),
+                    self.measured(f.intended),
                 );
                 self.shared.timeline.acked(clock.second(arrival), f.count, f.bytes);
                 self.shared.acked_records.fetch_add(f.count, Ordering::Relaxed);
                 self.out.acked_batches += 1;
-                if clock.measured(arrival) {
+                if self.measured(arrival) {
                     self.out.measured_records += f.count;
                     self.out.measured_bytes += f.bytes;
                 }

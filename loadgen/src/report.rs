@@ -11,6 +11,7 @@ use hdrhistogram::serialization::interval_log::{IntervalLogWriterBuilder, Tag};
 use serde_json::{Value, json};
 
 use crate::config::Load;
+use crate::interrupt::signal_name;
 use crate::run::Outcome;
 
 /// The percentiles every report shows.
@@ -36,6 +37,11 @@ fn percentiles_json(h: &Histogram<u64>) -> Value {
     out.insert("mean_ms".into(), json!(h.mean() / 1000.0));
     out.insert("count".into(), json!(h.len()));
     Value::Object(out)
+}
+
+/// `count` per second over `secs`; 0 over no time (a run interrupted in its warm-up).
+fn per_second(count: u64, secs: f64) -> f64 {
+    if secs > 0.0 { count as f64 / secs } else { 0.0 }
 }
 
 fn load_text(o: &Outcome) -> String {
@@ -74,8 +80,12 @@ pub fn to_json(o: &Outcome) -> Value {
             .collect();
         json!({"ok": !o.verify_failed(), "streams": streams})
     });
+    let interrupted = o
+        .interrupted
+        .map(|signal| json!({"signal": signal_name(signal), "measured_seconds": secs}));
     json!({
         "url": o.url,
+        "interrupted": interrupted,
         "config": {
             "streams": c.streams, "record_bytes": c.record_bytes.describe(), "batch": c.batch,
             "load": load_text(o), "in_flight": c.in_flight, "connections": c.connections,
@@ -87,8 +97,8 @@ pub fn to_json(o: &Outcome) -> Value {
             "sent_batches": o.sent_batches, "acked_batches": o.acked_batches,
             "failed_batches": o.failed_batches, "unsent_batches": o.unsent_batches,
             "measured_records": o.measured_records, "measured_bytes": o.measured_bytes,
-            "records_per_second": o.measured_records as f64 / secs,
-            "mib_per_second": o.measured_bytes as f64 / secs / 1048576.0,
+            "records_per_second": per_second(o.measured_records, secs),
+            "mib_per_second": per_second(o.measured_bytes, secs) / 1048576.0,
         },
         "ack_latency": percentiles_json(&o.ack),
         "end_to_end_latency": percentiles_json(&o.e2e),
@@ -120,11 +130,20 @@ pub fn summary(o: &Outcome) -> String {
         c.record_bytes.describe(),
         load_text(o)
     );
+    if let Some(signal) = o.interrupted {
+        let _ = writeln!(
+            s,
+            "interrupted by {}: measured {secs:.1} s of {:.1} s{}",
+            signal_name(signal),
+            c.duration.as_secs_f64(),
+            if c.catch_up || c.verify { ", no read-back" } else { "" }
+        );
+    }
     let _ = writeln!(
         s,
         "appends: {:.0} records/s, {:.1} MiB/s acknowledged over {secs:.1} s measured ({} batches sent, {} acked, {} failed, {} behind schedule at the end)",
-        o.measured_records as f64 / secs,
-        o.measured_bytes as f64 / secs / 1048576.0,
+        per_second(o.measured_records, secs),
+        per_second(o.measured_bytes, secs) / 1048576.0,
         o.sent_batches,
         o.acked_batches,
         o.failed_batches,

@@ -1,9 +1,11 @@
 //! One run, start to end: the target, the streams, producers and followers, the final
-//! tails, the read-back, and the outcome the reports are made from.
+//! tails, the read-back, and the outcome the reports are made from. An interrupt (SIGINT,
+//! SIGTERM) ends the load early, skips or abandons the read-back, and still returns the
+//! outcome of what was measured; the spawned server is stopped either way.
 
 use std::io::{IsTerminal, Write as _};
 use std::sync::atomic::{AtomicU64, Ordering};
-use std::sync::{Arc, Mutex};
+use std::sync::{Arc, Mutex, OnceLock};
 use std::time::{Duration, Instant};
 
 use hdrhistogram::Histogram;
@@ -12,6 +14,7 @@ use net::client::{Address, Bucket, Client, StreamOptions};
 use crate::Clock;
 use crate::config::{Config, Target};
 use crate::consumer::{self, ConsumerOutcome, ReadBack};
+use crate::interrupt::{self, Interrupt};
 use crate::producer::{self, ProducerOutcome, StreamSpec};
 use crate::spawn::{self, Spawned};
 use crate::stats::{Intervals, Timeline};
@@ -30,6 +33,25 @@ pub struct Shared {
     /// Per stream: where its followers may stop (u64::MAX until the producers are done).
     pub final_tails: Vec<AtomicU64>,
     pub producers_done_at: Mutex<Option<Instant>>,
+    pub interrupt: Interrupt,
+    /// When a worker first noticed the interrupt during the load: the measured window ends
+    /// there.
+    pub stopped_at: OnceLock<Instant>,
+}
+
+impl Shared {
+    /// When the load was asked to stop early (the first time any worker looked after the
+    /// signal); None while it runs on.
+    pub fn stop_requested(&self) -> Option<Instant> {
+        self.interrupt.signal()?;
+        Some(*self.stopped_at.get_or_init(Instant::now))
+    }
+
+    /// The end of the measured window: the end of `--duration`, or the interrupt's if
+    /// earlier.
+    pub fn window_end(&self) -> Instant {
+        self.stopped_at.get().map_or(self.clock.end, |&at| at.min(self.clock.end))
+    }
 }
 
 /// The read-back after the run.
@@ -49,7 +71,10 @@ pub struct Outcome {
     pub url: String,
     /// When the run's clock started, in Unix nanoseconds.
     pub start_unix_ns: u64,
+    /// `--duration`, or less when an interrupt ended the load early.
     pub measured_seconds: f64,
+    /// The signal that interrupted the run, if one did (the read-back is then left out).
+    pub interrupted: Option<i32>,
     pub ack: Histogram<u64>,
     pub e2e: Histogram<u64>,
     pub ack_intervals: Vec<Histogram<u64>>,
@@ -70,9 +95,11 @@ pub struct Outcome {
 }
 
 impl Outcome {
-    /// Whether verification ran and found a problem.
+    /// Whether verification ran (or should have) and found a problem; an interrupted run
+    /// has not verified anything, and says so instead.
     pub fn verify_failed(&self) -> bool {
         self.config.verify
+            && self.interrupted.is_none()
             && self
                 .read_back
                 .as_ref()
@@ -107,7 +134,12 @@ fn create_streams(client: &Client, config: &Config) -> Result<Vec<StreamSpec>, S
 }
 
 /// Runs the configured load; `on_target` hears the server's URL before the load starts.
-pub fn run(config: Config, on_target: &mut dyn FnMut(&str)) -> Result<Outcome, String> {
+/// `interrupt` ends it early.
+pub fn run(
+    config: Config,
+    interrupt: &Interrupt,
+    on_target: &mut dyn FnMut(&str),
+) -> Result<Outcome, String> {
     let config = Arc::new(config);
     let spawned = match &config.target {
         Target::Spawn { nova_bin, server_args } => {
@@ -137,6 +169,8 @@ pub fn run(config: Config, on_target: &mut dyn FnMut(&str)) -> Result<Outcome, S
         errors: AtomicU64::new(0),
         final_tails: specs.iter().map(|_| AtomicU64::new(u64::MAX)).collect(),
         producers_done_at: Mutex::new(None),
+        interrupt: interrupt.clone(),
+        stopped_at: OnceLock::new(),
     };
     let progress = config.progress && std::io::stderr().is_terminal();
 
@@ -161,11 +195,20 @@ pub fn run(config: Config, on_target: &mut dyn FnMut(&str)) -> Result<Outcome, S
             })
             .collect();
         let mut last_print = Instant::now();
+        let mut told_stopping = false;
         while !producers.iter().all(|h| h.is_finished()) {
             std::thread::sleep(Duration::from_millis(100));
             if progress && last_print.elapsed() >= Duration::from_secs(1) {
                 last_print = Instant::now();
                 print_progress(shared);
+            }
+            if !told_stopping && shared.stop_requested().is_some() {
+                told_stopping = true;
+                let signal = interrupt::signal_name(interrupt.signal().unwrap_or_default());
+                eprintln!(
+                    "{}loadgen: {signal}: stopping, collecting the acknowledgements in flight (a second signal quits at once)",
+                    if progress { "\n" } else { "" }
+                );
             }
         }
         if progress {
@@ -220,8 +263,12 @@ pub fn run(config: Config, on_target: &mut dyn FnMut(&str)) -> Result<Outcome, S
         errors.extend(c.error);
     }
 
-    let read_back =
-        (config.catch_up || config.verify).then(|| read_back_all(&client, &config, ledgers));
+    // Interrupted: no read-back. One a signal cut short is not kept either: its counts and
+    // verdicts would be of part of the streams.
+    let wanted = (config.catch_up || config.verify) && interrupt.signal().is_none();
+    let read_back = wanted
+        .then(|| read_back_all(&client, &config, ledgers, interrupt))
+        .filter(|_| interrupt.signal().is_none());
 
     let clock = shared.clock;
     let seconds = (Instant::now().saturating_duration_since(clock.start).as_secs() as usize + 1)
@@ -229,7 +276,11 @@ pub fn run(config: Config, on_target: &mut dyn FnMut(&str)) -> Result<Outcome, S
     Ok(Outcome {
         url,
         start_unix_ns: clock.start_unix_ns,
-        measured_seconds: config.duration.as_secs_f64(),
+        measured_seconds: shared
+            .window_end()
+            .saturating_duration_since(clock.measure_from)
+            .as_secs_f64(),
+        interrupted: interrupt.signal(),
         ack,
         e2e,
         ack_intervals: shared.ack_intervals.take(),
@@ -260,6 +311,7 @@ fn read_back_all(
     client: &Client,
     config: &Config,
     ledgers: Vec<(StreamSpec, crate::verify::Ledger)>,
+    interrupt: &Interrupt,
 ) -> ReadBackOutcome {
     let readers = config.consumers.max(1).min(ledgers.len().max(1));
     let mut work: Vec<Vec<(StreamSpec, crate::verify::Ledger)>> =
@@ -295,7 +347,8 @@ fn read_back_all(
                     let mut verdicts = Vec::new();
                     for ((spec, ledger), tail) in items.into_iter().zip(tails) {
                         let mut checker = config.verify.then(|| Checker::new(spec.number, ledger));
-                        match consumer::read_back(client, &spec, tail, checker.as_mut()) {
+                        match consumer::read_back(client, &spec, tail, checker.as_mut(), interrupt)
+                        {
                             Ok(r) => {
                                 total.records += r.records;
                                 total.bytes += r.bytes;

@@ -1,8 +1,15 @@
 //! `--spawn`: a `nova serve` of loadgen's own, on a temporary data directory and a port the
-//! kernel picks, stopped (and its directory removed) when the run ends.
+//! kernel picks, stopped (and its directory removed) when the run ends, an interrupted one
+//! included.
+//!
+//! The server runs in a process group of its own, so a terminal's Ctrl-C reaches loadgen
+//! only and loadgen stops the server after its report. Should loadgen die without
+//! cleaning up (`kill -9`, a second signal), the kernel kills the server with it
+//! (`PR_SET_PDEATHSIG`); only its directory stays behind then.
 
 use std::fs::File;
 use std::io::{BufRead, BufReader, Read};
+use std::os::unix::process::CommandExt as _;
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Stdio};
 
@@ -32,7 +39,9 @@ pub fn nova_bin(named: Option<&Path>) -> PathBuf {
 }
 
 impl Spawned {
-    /// Starts `bin serve` and waits for it to say where it listens.
+    /// Starts `bin serve` and waits for it to say where it listens. The server dies with
+    /// the thread that calls this (`PR_SET_PDEATHSIG` follows the thread that forked, not
+    /// the process): call it from one that lives as long as the run, as `main` does.
     pub fn start(bin: &Path, extra_args: &[String]) -> Result<Spawned, String> {
         let dir = tempfile::Builder::new()
             .prefix("loadgen-nova-")
@@ -41,7 +50,24 @@ impl Spawned {
         let log = dir.path().join("nova.log");
         let log_file = File::create(&log).map_err(|e| format!("create {}: {e}", log.display()))?;
         let data = dir.path().join("data");
-        let mut child = Command::new(bin)
+        let parent = libc::pid_t::try_from(std::process::id()).map_err(|e| format!("pid: {e}"))?;
+        let mut command = Command::new(bin);
+        // SAFETY: the closure runs in the child between fork and exec, where only
+        // async-signal-safe calls are allowed: prctl and getppid are plain system calls, and
+        // building an io::Error from an errno allocates nothing.
+        unsafe {
+            command.pre_exec(move || {
+                if libc::prctl(libc::PR_SET_PDEATHSIG, libc::SIGKILL) != 0 {
+                    return Err(std::io::Error::last_os_error());
+                }
+                // loadgen died before the request took effect: no signal will come.
+                if libc::getppid() != parent {
+                    return Err(std::io::Error::from_raw_os_error(libc::ESRCH));
+                }
+                Ok(())
+            });
+        }
+        let mut child = command
             .arg("serve")
             .args(["--listen", "127.0.0.1:0"])
             .arg("--data-dir")
@@ -52,6 +78,7 @@ impl Spawned {
             .stdin(Stdio::null())
             .stdout(Stdio::piped())
             .stderr(log_file)
+            .process_group(0)
             .spawn()
             .map_err(|e| {
                 format!(

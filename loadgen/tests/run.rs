@@ -1,12 +1,16 @@
 //! The real loadgen binary against a server it spawns (`--spawn`): short runs that must
-//! verify clean, and one where the test writes behind loadgen's back and verification
-//! must fail naming the stream. Needs the `nova` binary next to loadgen's (CI's
-//! workspace build makes it; alone: `cargo build --profile ci -p net --bin nova`).
+//! verify clean, one where the test writes behind loadgen's back and verification must
+//! fail naming the stream, and the ends of a run: an open-loop run the server cannot keep
+//! up with stops at its duration, SIGTERM ends a run early with its report and no server
+//! or directory left, and `kill -9` takes the server down with loadgen. Needs the `nova`
+//! binary next to loadgen's (CI's workspace build makes it; alone: `cargo build --profile
+//! ci -p net --bin nova`).
 
 use std::io::{BufRead, BufReader, Read, Write};
 use std::net::TcpStream;
 use std::path::{Path, PathBuf};
-use std::process::{Command, Output, Stdio};
+use std::process::{Child, ChildStderr, Command, Output, Stdio};
+use std::time::{Duration, Instant};
 
 fn loadgen() -> Command {
     let bin = PathBuf::from(env!("CARGO_BIN_EXE_loadgen"));
@@ -112,6 +116,22 @@ fn a_standard_json_closed_loop_run_verifies_clean() {
     assert!(page.contains("<html") && page.contains("<svg"));
 }
 
+/// The server's URL: loadgen says it on stderr once its streams exist, before the load
+/// starts.
+fn target(stderr: &mut BufReader<ChildStderr>) -> String {
+    let mut line = String::new();
+    loop {
+        line.clear();
+        assert!(
+            stderr.read_line(&mut line).expect("read loadgen's stderr") > 0,
+            "loadgen ended without naming its target"
+        );
+        if let Some(url) = line.trim().strip_prefix("loadgen: target ") {
+            return url.to_owned();
+        }
+    }
+}
+
 /// Posts one JSON record to `bucket/key` of the server at `authority`: plain HTTP, no client.
 fn append_behind_the_back(authority: &str, path: &str) {
     let body = r#"{"records":[{"body":"not loadgen's"}]}"#;
@@ -136,19 +156,8 @@ fn verify_fails_naming_the_stream_that_got_a_record_loadgen_did_not_write() {
         .stderr(Stdio::piped())
         .spawn()
         .unwrap();
-    // loadgen says where the server is once its streams exist, before the load starts.
     let mut stderr = BufReader::new(child.stderr.take().unwrap());
-    let mut line = String::new();
-    let url = loop {
-        line.clear();
-        assert!(
-            stderr.read_line(&mut line).unwrap() > 0,
-            "loadgen ended without naming its target"
-        );
-        if let Some(url) = line.trim().strip_prefix("loadgen: target ") {
-            break url.to_owned();
-        }
-    };
+    let url = target(&mut stderr);
     let authority = url.trim_start_matches("http://").trim_end_matches('/');
     append_behind_the_back(authority, "/v1/streams/loadgen/t-1/records");
     let mut rest = String::new();
@@ -161,4 +170,174 @@ fn verify_fails_naming_the_stream_that_got_a_record_loadgen_did_not_write() {
     assert!(stdout.contains("VERIFY FAILED nova://loadgen/t-1"), "{stdout}");
     assert!(stdout.contains("1 foreign"), "{stdout}");
     assert!(!stdout.contains("VERIFY FAILED nova://loadgen/t-0"), "{stdout}");
+}
+
+/// Waits for `child` to end, reading what is left of its output; its status, stdout and
+/// the rest of its stderr.
+fn finish(
+    mut child: Child,
+    mut stderr: BufReader<ChildStderr>,
+) -> (std::process::ExitStatus, String) {
+    let mut rest = String::new();
+    stderr.read_to_string(&mut rest).expect("read loadgen's stderr");
+    let mut stdout = String::new();
+    child
+        .stdout
+        .take()
+        .expect("stdout is piped")
+        .read_to_string(&mut stdout)
+        .expect("read loadgen's stdout");
+    let status = child.wait().expect("loadgen ends");
+    eprintln!("status: {status}\nstdout:\n{stdout}\nstderr:\n{rest}");
+    (status, stdout)
+}
+
+#[test]
+fn an_open_loop_run_the_server_cannot_keep_up_with_ends_at_its_duration() {
+    // A standard stream answers one batch at a time on a connection, each after about
+    // 270 ms (docs/loadgen.md): 25 batches/s asked for, about 4 answered.
+    let dir = tempfile::tempdir().unwrap();
+    let json = dir.path().join("r.json");
+    let duration = Duration::from_secs(2);
+    let mut child = loadgen()
+        .args(["--class", "standard", "--rate", "400", "--batch", "16", "--record-bytes", "100"])
+        .args(["--in-flight", "2", "--duration", "2s", "--warmup", "0s", "--verify", "--json"])
+        .arg(&json)
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap();
+    let mut stderr = BufReader::new(child.stderr.take().unwrap());
+    target(&mut stderr);
+    let load_started = Instant::now();
+    let (status, stdout) = finish(child, stderr);
+    let took = load_started.elapsed();
+    assert_eq!(status.code(), Some(0));
+    // The duration, the acknowledgements of the two batches in flight, the read-back: not
+    // the ~13 s it takes the server to take every batch the schedule called for.
+    assert!(took < duration + Duration::from_secs(4), "the run took {took:?}");
+    let r = report(&json);
+    let appends = &r["appends"];
+    let (sent, unsent) =
+        (appends["sent_batches"].as_u64().unwrap(), appends["unsent_batches"].as_u64().unwrap());
+    assert!(unsent > 0, "{appends}");
+    assert!(stdout.contains(&format!("{unsent} behind schedule at the end")), "{stdout}");
+    // The schedule called for 2 s x 400 records/s / 16 = 50 batches before the end (51
+    // when rounding puts one more just inside it): each was sent or is behind schedule.
+    assert!((50..=51).contains(&(sent + unsent)), "{appends}");
+    assert_eq!(appends["acked_batches"].as_u64().unwrap(), sent, "{appends}");
+    assert!(r["ack_latency"]["count"].as_u64().unwrap() > 0, "{r}");
+    assert_eq!(r["verify"]["ok"], true);
+}
+
+/// The processes whose parent is `parent` and whose name is `name`, from /proc.
+fn children_named(parent: u32, name: &str) -> Vec<u32> {
+    let mut found = Vec::new();
+    for entry in std::fs::read_dir("/proc").expect("list /proc").flatten() {
+        let Ok(pid) = entry.file_name().to_string_lossy().parse::<u32>() else { continue };
+        let Ok(stat) = std::fs::read_to_string(entry.path().join("stat")) else { continue };
+        // pid (comm) state ppid ...: comm may hold spaces, so split at its last ')'.
+        let (Some(open), Some(close)) = (stat.find('('), stat.rfind(')')) else { continue };
+        let ppid = stat[close + 1..].split_whitespace().nth(1).and_then(|p| p.parse().ok());
+        if &stat[open + 1..close] == name && ppid == Some(parent) {
+            found.push(pid);
+        }
+    }
+    found
+}
+
+/// Whether `pid` still runs (a zombie waiting for its new parent to reap it does not).
+fn alive(pid: u32) -> bool {
+    std::fs::read_to_string(format!("/proc/{pid}/stat")).is_ok_and(|stat| {
+        stat.rfind(')').is_some_and(|c| !stat[c + 1..].trim_start().starts_with('Z'))
+    })
+}
+
+fn signal(pid: u32, name: &str) {
+    let status = Command::new("kill")
+        .arg(format!("-{name}"))
+        .arg(pid.to_string())
+        .status()
+        .expect("run kill");
+    assert!(status.success(), "kill -{name} {pid}");
+}
+
+/// Kills a spawned server the test found, should the test fail with it still running.
+struct Reap(u32);
+
+impl Drop for Reap {
+    fn drop(&mut self) {
+        if alive(self.0) {
+            let _ = Command::new("kill").arg("-KILL").arg(self.0.to_string()).status();
+        }
+    }
+}
+
+/// A spawned run of express appends for a minute, in a temporary directory of its own
+/// (TMPDIR): the loadgen child, its stderr past the target line, its nova, and the
+/// directory.
+fn long_spawned_run(json: &Path) -> (Child, BufReader<ChildStderr>, Reap, tempfile::TempDir) {
+    let tmp = tempfile::tempdir().expect("a temporary directory");
+    let mut child = loadgen()
+        .env("TMPDIR", tmp.path())
+        .args(["--class", "express", "--rate", "2000", "--consumers", "1"])
+        .args(["--duration", "60s", "--warmup", "0s", "--verify", "--json"])
+        .arg(json)
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .expect("loadgen starts");
+    let mut stderr = BufReader::new(child.stderr.take().expect("stderr is piped"));
+    target(&mut stderr);
+    let nova = children_named(child.id(), "nova");
+    assert_eq!(nova.len(), 1, "one spawned server: {nova:?}");
+    let server_dirs = std::fs::read_dir(tmp.path()).expect("list TMPDIR").count();
+    assert_eq!(server_dirs, 1, "the server's directory is in TMPDIR");
+    (child, stderr, Reap(nova[0]), tmp)
+}
+
+/// Waits up to `limit` for `pid` to end.
+fn ends_within(pid: u32, limit: Duration) -> bool {
+    let deadline = Instant::now() + limit;
+    while alive(pid) && Instant::now() < deadline {
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    !alive(pid)
+}
+
+#[test]
+fn sigterm_ends_a_spawned_run_early_with_its_report_and_leaves_no_server_or_directory() {
+    let dir = tempfile::tempdir().unwrap();
+    let json = dir.path().join("r.json");
+    let (child, stderr, nova, tmp) = long_spawned_run(&json);
+    std::thread::sleep(Duration::from_millis(1500));
+    let signalled = Instant::now();
+    signal(child.id(), "TERM");
+    let (status, stdout) = finish(child, stderr);
+    assert!(signalled.elapsed() < Duration::from_secs(20), "{:?}", signalled.elapsed());
+    assert_eq!(status.code(), Some(143), "128 + SIGTERM");
+    assert!(stdout.contains("interrupted by SIGTERM"), "{stdout}");
+    assert!(stdout.contains("appends:") && stdout.contains("append ack"), "{stdout}");
+    assert!(!alive(nova.0), "the spawned server {} still runs", nova.0);
+    let left: Vec<_> = std::fs::read_dir(tmp.path()).unwrap().flatten().map(|e| e.path()).collect();
+    assert!(left.is_empty(), "left behind: {left:?}");
+    let r = report(&json);
+    assert_eq!(r["interrupted"]["signal"], "SIGTERM", "{r}");
+    let measured = r["interrupted"]["measured_seconds"].as_f64().unwrap();
+    assert!(measured > 0.5 && measured < 30.0, "{r}");
+    assert!(r["appends"]["acked_batches"].as_u64().unwrap() > 0, "{r}");
+    assert!(r["ack_latency"]["count"].as_u64().unwrap() > 0, "{r}");
+}
+
+#[test]
+fn a_spawned_server_dies_with_loadgen_killed_outright() {
+    let dir = tempfile::tempdir().unwrap();
+    let (mut child, _stderr, nova, _tmp) = long_spawned_run(&dir.path().join("r.json"));
+    signal(child.id(), "KILL");
+    child.wait().unwrap();
+    assert!(
+        ends_within(nova.0, Duration::from_secs(10)),
+        "the spawned server {} outlived loadgen",
+        nova.0
+    );
 }
