@@ -279,8 +279,8 @@ fn size_class(len: usize) -> usize {
 /// The slack is for object bodies, whose sizes spread over many classes (transit bundles
 /// are cut by time as often as by size, from a few hundred KiB to the target): taking
 /// only their own class, many missed the pool and faulted in fresh pages. With the
-/// slack, the uploader thread's page faults in a `scripts/ab` run fell from 53k and 105k to
-/// 34k and 48k.
+/// slack, the uploader thread's page faults per `scripts/ab` run fell from 86k and 62k to
+/// 44k and 36k (docs/benchmarks.md).
 fn allocate(len: usize) -> (NonNull<u8>, usize) {
     let capacity = size_class(len);
     try_allocate(capacity, capacity + capacity / 2)

@@ -356,8 +356,8 @@ pub struct ShardStats {
     pub settle_backlog_ms: u64,
     /// The retention duty's backlog at its last pass: how long the most overdue record
     /// had been past its stream's age bound when the pass began (0: none; set before the
-    /// pass trims). Up to
-    /// `retention-interval-ms` is by design; past it, trims are failing or late.
+    /// pass trims). Up to `retention-interval-ms` is by design; past it, trims are
+    /// failing or late.
     pub retention_backlog_ms: u64,
 }
 

@@ -15,6 +15,18 @@ use engine::position::Tail;
 use engine::shard::{ReadRequest, TrimTo};
 use engine::stream::{PageLimits, ReadStart};
 
+/// A one-shard node on `dir` whose clock reads `now` and whose age-retention passes are
+/// `interval` apart.
+fn retention_node(
+    dir: &std::path::Path,
+    now: &std::sync::Arc<std::sync::atomic::AtomicU64>,
+    interval: Duration,
+) -> engine::node::Node {
+    let mut cfg = config(dir, 1);
+    cfg.shard.retention_interval = interval;
+    engine::node::Node::start_with_clock(cfg, clock_reading(now)).expect("start")
+}
+
 /// A node's clock that reads `now`, which the test moves.
 fn clock_reading(
     now: &std::sync::Arc<std::sync::atomic::AtomicU64>,
@@ -168,9 +180,9 @@ fn stopping_flushes_batches_waiting_for_their_delay() {
         thread::spawn(move || block_on(client.append(&bucket, &key("k"), plain(&["waits"]))))
     };
     // The append is sequenced (the tail it will make is known) before the stop begins.
-    while block_on(client.stats()).expect("stats")[0].appends_waiting == 0 {
-        thread::sleep(Duration::from_millis(5));
-    }
+    wait_until("the append in hand", || {
+        block_on(client.stats()).expect("stats")[0].appends_waiting > 0
+    });
     drop(client);
     let started = Instant::now();
     node.stop();
@@ -731,11 +743,9 @@ fn stopping_a_node_ends_waiting_reads_at_once() {
         })
     };
     // The read is waiting once the shard has it; a stop must not wait out its 600 s.
-    let deadline = Instant::now() + Duration::from_secs(60);
-    while block_on(client.stats()).expect("stats")[0].reads_waiting == 0 {
-        assert!(Instant::now() < deadline, "the read never started waiting");
-        thread::sleep(Duration::from_millis(2));
-    }
+    wait_until("the read waiting", || {
+        block_on(client.stats()).expect("stats")[0].reads_waiting > 0
+    });
     drop(client);
     let started = Instant::now();
     node.stop();
@@ -753,10 +763,8 @@ fn the_retention_backlog_is_how_overdue_the_oldest_record_was() {
 
     let dir = tempfile::tempdir().expect("tempdir");
     let now = Arc::new(AtomicU64::new(1_800_000_000_000));
-    let mut cfg = config(dir.path(), 1);
     // Long enough between passes to read the stats of the one that trimmed.
-    cfg.shard.retention_interval = Duration::from_secs(2);
-    let node = engine::node::Node::start_with_clock(cfg, clock_reading(&now)).expect("start");
+    let node = retention_node(dir.path(), &now, Duration::from_secs(2));
     let client = node.client();
     let bucket = make_bucket(&client, "retb", express(), true);
     block_on(client.append(&bucket, &key("k"), plain(&["a"]))).expect("append");
@@ -765,18 +773,11 @@ fn the_retention_backlog_is_how_overdue_the_oldest_record_was() {
     let stats = || block_on(client.stats()).expect("stats")[0];
     // The record is 59 s past its 2 s bound when the next pass looks.
     now.fetch_add(61_000, Ordering::SeqCst);
-    let deadline = Instant::now() + Duration::from_secs(60);
-    while stats().retention_trims == 0 {
-        assert!(Instant::now() < deadline, "the retention duty stalled");
-        thread::sleep(Duration::from_millis(5));
-    }
+    wait_until("the trim", || stats().retention_trims > 0);
     // Set before the pass trims, so its value is there once the trim is.
     assert_eq!(stats().retention_backlog_ms, 59_000);
     let passes = stats().retention_passes;
-    while stats().retention_passes == passes {
-        assert!(Instant::now() < deadline, "the retention duty stalled");
-        thread::sleep(Duration::from_millis(5));
-    }
+    wait_until("the next pass", || stats().retention_passes > passes);
     assert_eq!(stats().retention_backlog_ms, 0, "nothing is overdue once trimmed");
     drop(client);
     node.stop();
@@ -791,9 +792,7 @@ fn age_retention_trims_a_quiet_stream_on_time_and_follows_reconfigure() {
 
     let dir = tempfile::tempdir().expect("tempdir");
     let now = Arc::new(AtomicU64::new(1_800_000_000_000));
-    let mut cfg = config(dir.path(), 1);
-    cfg.shard.retention_interval = Duration::from_millis(10);
-    let node = engine::node::Node::start_with_clock(cfg, clock_reading(&now)).expect("start");
+    let node = retention_node(dir.path(), &now, Duration::from_millis(10));
     let client = node.client();
     let bucket = make_bucket(&client, "ret", express(), true);
     let key = key("k");
@@ -805,11 +804,7 @@ fn age_retention_trims_a_quiet_stream_on_time_and_follows_reconfigure() {
     let passes = || block_on(client.stats()).expect("stats")[0].retention_passes;
     let wait_passes = |n: u64| {
         let target = passes() + n;
-        let deadline = Instant::now() + Duration::from_secs(60);
-        while passes() < target {
-            assert!(Instant::now() < deadline, "the retention duty stalled");
-            thread::sleep(Duration::from_millis(5));
-        }
+        wait_until("the retention passes", || passes() >= target);
     };
     let first = || {
         let reply = block_on(client.read(&bucket, &key, read_request(ReadStart::SeqNum(0))));
@@ -838,17 +833,13 @@ fn age_retention_trims_a_quiet_stream_on_time_and_follows_reconfigure() {
     block_on(client.append(&bucket, &key, plain(&["d"]))).expect("append");
     drop(client);
     node.stop();
-    let mut cfg = config(dir.path(), 1);
-    cfg.shard.retention_interval = Duration::from_millis(10);
-    let node = engine::node::Node::start_with_clock(cfg, clock_reading(&now)).expect("restart");
+    let node = retention_node(dir.path(), &now, Duration::from_millis(10));
     let client = node.client();
     now.fetch_add(2_000, Ordering::SeqCst);
-    let deadline = Instant::now() + Duration::from_secs(60);
     // Metadata only: reading the stream would make its leader and prove nothing.
-    while block_on(client.control().get_stream(&bucket, &key)).expect("get").trim_seq_num < 4 {
-        assert!(Instant::now() < deadline, "the untouched stream was not trimmed");
-        thread::sleep(Duration::from_millis(5));
-    }
+    wait_until("the untouched stream trimmed", || {
+        block_on(client.control().get_stream(&bucket, &key)).expect("get").trim_seq_num >= 4
+    });
     drop(client);
     node.stop();
     // Everything trimmed, then a restart: numbering continues at the watermark.
@@ -862,9 +853,7 @@ fn age_retention_trims_a_quiet_stream_on_time_and_follows_reconfigure() {
     // A record that aged out while the node was down is trimmed before the node serves:
     // no read after the start finds it, however soon (the passes are an hour apart).
     now.fetch_add(2_000, Ordering::SeqCst);
-    let mut cfg = config(dir.path(), 1);
-    cfg.shard.retention_interval = Duration::from_secs(3600);
-    let node = engine::node::Node::start_with_clock(cfg, clock_reading(&now)).expect("restart");
+    let node = retention_node(dir.path(), &now, Duration::from_secs(3600));
     let client = node.client();
     let reply = block_on(client.read(&bucket, &key, read_request(ReadStart::SeqNum(0))));
     assert_eq!(records(&reply.expect("read").frames).first().map(|r| r.0), None, "aged out");

@@ -24,9 +24,6 @@ use engine::options::StorageClass;
 use s3::testing::{Moto, Proxy};
 use s3::{ObjectStore, S3Config, TransferPolicy};
 
-/// How long a condition may take to come true before the test fails.
-const WAIT_MAX: Duration = Duration::from_secs(60);
-
 /// An object store for a test, and what keeps it alive.
 struct Backend {
     name: &'static str,
@@ -88,14 +85,6 @@ fn refs_cover(client: &Client, id: StreamId, end: u64) -> bool {
         next = r.end_seq_num();
     }
     next >= end
-}
-
-fn wait_until(what: &str, mut condition: impl FnMut() -> bool) {
-    let deadline = Instant::now() + WAIT_MAX;
-    while !condition() {
-        assert!(Instant::now() < deadline, "{what}: not within {WAIT_MAX:?}");
-        thread::sleep(Duration::from_millis(10));
-    }
 }
 
 fn bodies(prefix: &str, count: usize) -> Vec<Vec<u8>> {

@@ -146,7 +146,7 @@ fn every_verb_has_help_with_an_example() {
 }
 
 #[test]
-fn serve_refuses_s3_flags_it_cannot_use() {
+fn serve_refuses_flags_it_cannot_use() {
     for (flags, named) in [
         (&["--s3-region", "eu-west-1"][..], "--s3-region needs --s3-bucket"),
         (&["--s3-bucket", "b", "--s3-access-key-id", "k"][..], "--s3-secret-access-key"),
@@ -157,6 +157,8 @@ fn serve_refuses_s3_flags_it_cannot_use() {
         (&["--s3-bucket", ""][..], "--s3-bucket must name a bucket"),
         // An unknown flag is named as one, not as one that needs a value.
         (&["--bogus"][..], "unknown flag --bogus"),
+        (&["--insecure-no-auth", "maybe"][..], "--insecure-no-auth is true or false"),
+        (&["--accept-journal-loss=yes"][..], "--accept-journal-loss is true or false"),
     ] {
         let out = Command::new(env!("CARGO_BIN_EXE_nova"))
             .args(["serve", "--listen", "127.0.0.1:0", "--data-dir"])

@@ -134,25 +134,12 @@ impl Shard {
             // Runs planned together are disjoint, so they settle independently; a stream
             // is planned again only after one of its settles succeeded, so a failing one
             // waits for the next tick.
-            let mut streams: Vec<Rc<Slot>> = self.streams.borrow().values().cloned().collect();
-            // The backlog is measured on the tick's first plan, the one over every stream.
-            let mut first_plan = true;
-            if streams.is_empty() {
-                self.count(|s| s.settle_backlog_ms = 0);
-            }
-            while !streams.is_empty() {
-                let mut due: Vec<(Rc<Slot>, Due)> = Vec::new();
-                let mut oldest_ms: Option<u64> = None;
-                for slot in &streams {
-                    let leaving = leaving.get(&slot.leader.borrow().id()).copied();
-                    let (runs, oldest) = self.runs_to_settle(slot, leaving);
-                    oldest_ms = oldest_ms.into_iter().chain(oldest).min();
-                    due.extend(runs.into_iter().map(|run| (Rc::clone(slot), run)));
-                }
-                if std::mem::take(&mut first_plan) {
-                    let backlog = oldest_ms.map_or(0, |t| self.now_ms().saturating_sub(t));
-                    self.count(|s| s.settle_backlog_ms = backlog);
-                }
+            let streams: Vec<Rc<Slot>> = self.streams.borrow().values().cloned().collect();
+            // The first plan is over every stream: it measures the backlog.
+            let (mut due, oldest_ms) = self.due_runs(&streams, &leaving);
+            let backlog = oldest_ms.map_or(0, |t| self.now_ms().saturating_sub(t));
+            self.count(|s| s.settle_backlog_ms = backlog);
+            while !due.is_empty() {
                 let settles = due.into_iter().map(|(slot, due)| {
                     let shard = Rc::clone(&self);
                     async move {
@@ -181,9 +168,27 @@ impl Shard {
                 if self.closing.get() {
                     return;
                 }
-                streams = progressed;
+                due = self.due_runs(&progressed, &leaving).0;
             }
         }
+    }
+
+    /// The runs of `streams` due now, and when the oldest of their transit bundles was
+    /// written.
+    fn due_runs(
+        &self,
+        streams: &[Rc<Slot>],
+        leaving: &HashMap<StreamId, u64>,
+    ) -> (Vec<(Rc<Slot>, Due)>, Option<u64>) {
+        let mut due = Vec::new();
+        let mut oldest_ms: Option<u64> = None;
+        for slot in streams {
+            let leaving = leaving.get(&slot.leader.borrow().id()).copied();
+            let (runs, oldest) = self.runs_to_settle(slot, leaving);
+            oldest_ms = oldest_ms.into_iter().chain(oldest).min();
+            due.extend(runs.into_iter().map(|run| (Rc::clone(slot), run)));
+        }
+        (due, oldest_ms)
     }
 
     /// For each stream with chunks among the cached bytes that `coming` more bytes of

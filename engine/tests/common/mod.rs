@@ -17,6 +17,18 @@ use engine::stream::{PageLimits, ReadStart};
 
 pub use futures_lite::future::block_on;
 
+/// How long a test waits for a condition before it fails.
+pub const WAIT_MAX: std::time::Duration = std::time::Duration::from_secs(60);
+
+/// Waits until `condition` holds, polling; fails the test after [`WAIT_MAX`].
+pub fn wait_until(what: &str, mut condition: impl FnMut() -> bool) {
+    let deadline = std::time::Instant::now() + WAIT_MAX;
+    while !condition() {
+        assert!(std::time::Instant::now() < deadline, "{what}: not within {WAIT_MAX:?}");
+        std::thread::sleep(std::time::Duration::from_millis(2));
+    }
+}
+
 pub fn config(dir: &Path, shards: usize) -> NodeConfig {
     let mut config = NodeConfig::new(dir);
     config.shards = shards;
