@@ -11,6 +11,7 @@
 
 pub mod aligned;
 pub mod auditor;
+pub mod auth;
 pub mod batch;
 pub mod chunk;
 pub mod control;

@@ -10,6 +10,7 @@
 //!                          (a stream's refs scan in sequence order under "r/<id>")
 //! g/<object key>        -> dead mark: no ref names the object since the time it holds;
 //!                          the auditor deletes it once the read grace has passed
+//! t/<token id>          -> token: its grants and SHA-256 (never the token itself)
 //! ```
 //!
 //! Bucket names are `a-z0-9-` (never `/`), so `a/<bucket>/` is a prefix of exactly that
@@ -35,6 +36,8 @@ pub const DELETED: &[u8] = b"d/";
 pub const REFS: &[u8] = b"r/";
 /// Prefix of dead marks.
 pub const DEAD: &[u8] = b"g/";
+/// Prefix of tokens.
+pub const TOKENS: &[u8] = b"t/";
 
 /// The longest key this layout builds: an address or marker of the longest bucket name and
 /// stream key. Far below the store's key limit, so a valid name never makes an invalid key.
@@ -81,6 +84,11 @@ pub fn chunk_ref(id: &StreamId, first_seq_num: u64) -> Vec<u8> {
 /// `g/<object key>`.
 pub fn dead(object: &str) -> Vec<u8> {
     join(&[DEAD, object.as_bytes()])
+}
+
+/// `t/<token id>`.
+pub fn token(id: &str) -> Vec<u8> {
+    join(&[TOKENS, id.as_bytes()])
 }
 
 /// `d/<bucket>/<key>`.

@@ -37,6 +37,7 @@ use std::sync::Arc;
 use std::task::{Context, Poll};
 use std::time::{SystemTime, UNIX_EPOCH};
 
+use crate::auth::TokenRecord;
 use crate::error::{Error, Result};
 use crate::ids::StreamId;
 use crate::limits::{CREATION_TOKEN_BYTES_MAX, FENCING_TOKEN_BYTES_MAX, LIST_PAGE_MAX};
@@ -912,6 +913,59 @@ impl<S: MetaStore> ControlPlane<S> {
             self.store.commit(txn).await?;
         }
         Ok(())
+    }
+
+    // ---- Tokens (spec/auth.md) -----------------------------------------------------------
+
+    /// Stores a newly issued token. Its ID is drawn at random by the issuer; one already
+    /// taken is [`Error::Contended`], and the issuer draws again.
+    pub async fn put_token(&self, token: &TokenRecord) -> Result<()> {
+        let key = keys::token(&token.id);
+        match self
+            .store
+            .commit(Txn::new().check_absent(key.clone()).put(key, rows::encode_token(token)))
+            .await
+        {
+            Ok(_) => Ok(()),
+            Err(MetaError::Conflict { .. }) => {
+                Err(Error::Contended { op: "issue a token", attempts: 1 })
+            }
+            Err(error) => Err(error.into()),
+        }
+    }
+
+    /// Revokes a token; false when no token has the ID.
+    pub async fn delete_token(&self, id: &str) -> Result<bool> {
+        let key = keys::token(id);
+        let Some(found) = self.store.get(&key).await? else {
+            return Ok(false);
+        };
+        // A token row is never rewritten, so a lost race is a revocation that came first.
+        match self
+            .store
+            .commit(Txn::new().check_version(key.clone(), found.version).delete(key))
+            .await
+        {
+            Ok(_) => Ok(true),
+            Err(MetaError::Conflict { .. }) => Ok(false),
+            Err(error) => Err(error.into()),
+        }
+    }
+
+    /// One page of tokens after the ID `after`, in ID order, and whether more follow.
+    pub async fn tokens_page(&self, after: Option<&str>) -> Result<(Vec<TokenRecord>, bool)> {
+        let start = after.map(keys::token);
+        let page =
+            self.store.scan(keys::TOKENS, start.as_deref(), crate::meta::SCAN_ENTRIES_MAX).await?;
+        let mut tokens = Vec::with_capacity(page.entries.len());
+        for (key, found) in &page.entries {
+            let token = rows::decode_token(&found.value).map_err(|error| corrupt(key, error))?;
+            if key[keys::TOKENS.len()..] != *token.id.as_bytes() {
+                return Err(corrupt(key, format!("holds token {}", token.id)));
+            }
+            tokens.push(token);
+        }
+        Ok((tokens, page.more))
     }
 
     // ---- Reads and writes of rows --------------------------------------------------------

@@ -33,6 +33,7 @@ use rkyv::rancor;
 use rkyv::util::AlignedVec;
 use rkyv::{Archive, Deserialize, Serialize};
 
+use crate::auth::TokenRecord;
 use crate::ids::StreamId;
 use crate::names::{BucketName, StreamKey};
 use crate::options::{
@@ -60,6 +61,8 @@ pub(crate) enum RowKind {
     Deleted = 4,
     /// `r/<id><first seq>`.
     Ref = 5,
+    /// `t/<token id>`.
+    Token = 6,
 }
 
 impl RowKind {
@@ -70,6 +73,7 @@ impl RowKind {
             3 => Some(RowKind::Stream),
             4 => Some(RowKind::Deleted),
             5 => Some(RowKind::Ref),
+            6 => Some(RowKind::Token),
             _ => None,
         }
     }
@@ -81,6 +85,7 @@ impl RowKind {
             RowKind::Stream => "stream",
             RowKind::Deleted => "deleted marker",
             RowKind::Ref => "ref",
+            RowKind::Token => "token",
         }
     }
 }
@@ -288,6 +293,17 @@ struct StreamV1 {
     leader_epoch: u64,
     state: u8,
     deleted_at_ms: u64,
+}
+
+/// `expires_at_ms` 0: never.
+#[derive(Archive, Serialize, Deserialize)]
+struct TokenV1 {
+    id: String,
+    hash: [u8; 32],
+    grants: Vec<String>,
+    created_at_ms: u64,
+    expires_at_ms: u64,
+    description: String,
 }
 
 #[derive(Archive, Serialize, Deserialize)]
@@ -533,6 +549,33 @@ impl RefRow {
     }
 }
 
+/// `t/<token id>`: a token's grants and the SHA-256 of the token, never the token.
+pub(crate) fn encode_token(token: &TokenRecord) -> Vec<u8> {
+    frame(
+        RowKind::Token,
+        &TokenV1 {
+            id: token.id.clone(),
+            hash: token.hash,
+            grants: token.grants.iter().map(ToString::to_string).collect(),
+            created_at_ms: token.created_at_ms,
+            expires_at_ms: token.expires_at_ms.unwrap_or(0),
+            description: token.description.clone(),
+        },
+    )
+}
+
+pub(crate) fn decode_token(bytes: &[u8]) -> Result<TokenRecord, RowError> {
+    let row: TokenV1 = unframe(RowKind::Token, bytes)?;
+    Ok(TokenRecord {
+        id: row.id,
+        hash: row.hash,
+        grants: crate::auth::parse_grants(&row.grants).map_err(invalid("token grants"))?,
+        created_at_ms: row.created_at_ms,
+        expires_at_ms: (row.expires_at_ms != 0).then_some(row.expires_at_ms),
+        description: row.description,
+    })
+}
+
 // ---- Decoding ---------------------------------------------------------------------------
 
 /// Checks the header and returns the validated, deserialized archive.
@@ -773,6 +816,12 @@ mod tests {
                 keys::chunk_ref(&id(0x00), 0x0102_0304_0506_0708),
             ),
             ("ref", a_ref().encode()),
+            ("key token 0123456789abcdef", keys::token("0123456789abcdef")),
+            ("token every field", encode_token(&a_token())),
+            (
+                "token never expires",
+                encode_token(&TokenRecord { expires_at_ms: None, ..a_token() }),
+            ),
         ];
         crate::golden::check("control_rows.txt", &cases);
     }
@@ -792,6 +841,19 @@ mod tests {
         assert_eq!(AddressRow::decode(&address.encode()), Ok(address));
         assert_eq!(DeletedRow::decode(&marker().encode()), Ok(marker()));
         assert_eq!(RefRow::decode(&a_ref().encode()), Ok(a_ref()));
+        assert_eq!(decode_token(&encode_token(&a_token())), Ok(a_token()));
+    }
+
+    fn a_token() -> TokenRecord {
+        TokenRecord {
+            id: "0123456789abcdef".into(),
+            hash: std::array::from_fn(|index| index as u8),
+            grants: crate::auth::parse_grants(&["bucket:apps:read,write", "stream:logs/eu/:read"])
+                .expect("grants"),
+            created_at_ms: 1_700_000_000_000,
+            expires_at_ms: Some(1_700_003_600_000),
+            description: "ci reader".into(),
+        }
     }
 
     fn a_ref() -> RefRow {

@@ -1813,3 +1813,38 @@ fn refs_to_more_objects_than_one_transaction_checks_are_split_and_all_land() {
     block_on(fx.control.put_refs(&refs)).unwrap();
     assert_eq!(block_on(fx.control.refs_of(id)).unwrap(), refs);
 }
+
+fn token(id: &str, grant: &str) -> TokenRecord {
+    TokenRecord {
+        id: id.into(),
+        hash: [id.len() as u8; 32],
+        grants: crate::auth::parse_grants(&[grant]).unwrap(),
+        created_at_ms: START_MS,
+        expires_at_ms: None,
+        description: String::new(),
+    }
+}
+
+#[test]
+fn tokens_are_stored_listed_in_id_order_revoked_once_and_kept_across_a_reopen() {
+    let fixture = Fixture::new();
+    let control = &fixture.control;
+    let (b, a) = (token("bbbb", "bucket:apps:read"), token("aaaa", "*:*:admin"));
+    block_on(control.put_token(&b)).unwrap();
+    block_on(control.put_token(&a)).unwrap();
+    assert_eq!(
+        code(block_on(control.put_token(&token("aaaa", "*:*:read")))),
+        Code::Unavailable,
+        "a taken ID is refused, never overwritten"
+    );
+    assert_eq!(block_on(control.tokens_page(None)).unwrap(), (vec![a.clone(), b.clone()], false));
+    assert_eq!(block_on(control.tokens_page(Some("aaaa"))).unwrap(), (vec![b.clone()], false));
+
+    assert!(block_on(control.delete_token("aaaa")).unwrap());
+    assert!(!block_on(control.delete_token("aaaa")).unwrap(), "revoked already");
+    assert!(!block_on(control.delete_token("zzzz")).unwrap(), "never issued");
+
+    block_on(fixture.store.close()).unwrap();
+    let reopened = plane(open(&fixture.dir), &fixture.now, &fixture.ids);
+    assert_eq!(block_on(reopened.tokens_page(None)).unwrap(), (vec![b], false));
+}
