@@ -14,6 +14,7 @@ usage: loadgen (--url URL | --spawn [--nova-bin PATH]) [options]
 
 target:
   --url URL                 a running server, e.g. http://127.0.0.1:8080
+                            (with auth on, its token comes from $NOVA_TOKEN)
   --spawn                   start `nova serve` on a temporary directory and port 0
   --nova-bin PATH           the nova binary for --spawn (default: next to loadgen, else PATH)
   --server-arg ARG          pass ARG to the spawned `nova serve` (repeatable), e.g. --server-arg=--shards=2

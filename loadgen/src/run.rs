@@ -152,8 +152,12 @@ pub fn run(
         (Target::Url(url), None) => url.clone(),
         (Target::Spawn { .. }, None) => return Err("no server".into()),
     };
-    let client =
-        Client::new(&url).map_err(|e| format!("--url {url}: {e}"))?.with_format(config.format);
+    // A server with auth on (docs/auth.md) takes the token from the environment, as the
+    // nova CLI does; a spawned server runs without auth on loopback.
+    let client = Client::new(&url)
+        .map_err(|e| format!("--url {url}: {e}"))?
+        .with_format(config.format)
+        .with_token(std::env::var("NOVA_TOKEN").ok());
     let specs = create_streams(&client, &config)?;
     on_target(&url);
 

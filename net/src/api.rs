@@ -10,6 +10,7 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use bytes::Bytes;
+use engine::auth::{Op, Target};
 use engine::framing::{self, FramedBody};
 use engine::limits::{
     READ_PAGE_BYTES_MAX_BINARY, READ_PAGE_BYTES_MAX_JSON, READ_PAGE_RECORDS_MAX_BINARY,
@@ -26,6 +27,7 @@ use hyper::{Method, Request, Response, StatusCode};
 use percent_encoding::percent_decode_str;
 use serde_json::{Value, json};
 
+use crate::auth::{Auth, Caller};
 use crate::body::Body;
 use crate::error::{ApiError, position};
 use crate::metrics::Metrics;
@@ -57,6 +59,8 @@ pub struct Shared {
     /// Request ids are `<boot>-<shard>-<n>`.
     pub boot: u32,
     pub next_request: Cell<u64>,
+    /// None: auth is off (a loopback server without a root token).
+    pub auth: Option<Arc<Auth>>,
 }
 
 /// Serves one request: route, answer, request id, log line, count.
@@ -129,6 +133,9 @@ pub fn error_response(error: ApiError) -> Response<Body> {
     if let Some(seconds) = error.retry_after_seconds {
         response.headers_mut().insert(header::RETRY_AFTER, HeaderValue::from(seconds));
     }
+    if error.status == StatusCode::UNAUTHORIZED {
+        response.headers_mut().insert(header::WWW_AUTHENTICATE, HeaderValue::from_static("Bearer"));
+    }
     if error.status == StatusCode::METHOD_NOT_ALLOWED {
         // The message names the allowed methods; the header says it too.
         if let Some(allowed) = error.message.rsplit("use ").next()
@@ -152,9 +159,23 @@ async fn route(shared: &Rc<Shared>, request: Request<Incoming>) -> (&'static str
     let segments: Vec<&str> = path.trim_start_matches('/').split('/').collect();
     let not_allowed =
         |allowed: &str| Err(ApiError::method_not_allowed(method.as_str(), &path, allowed));
+    // Who is calling comes first: a caller without a valid token learns nothing else.
+    let caller = match segments.as_slice() {
+        ["health"] => Caller::Anyone,
+        _ => match authenticate(shared, &request) {
+            Ok(caller) => caller,
+            Err(error) => return ("unauthenticated", Err(error)),
+        },
+    };
     // For the verbs that take no query parameters: a misplaced one (a `match_seq_num`
     // meant for the body) is refused, never ignored.
     let refused = query(&request, &[]).err();
+    // What stops a verb before it runs: a missing grant, then a refused query. Grants are
+    // checked before anything is looked up, so a refusal never tells whether the target
+    // exists.
+    let gate =
+        |op: Op, target: Target<'_>| caller.may(op, target).err().or_else(|| refused.clone());
+    let allowed = |op: Op, target: Target<'_>| caller.may(op, target).err();
     match segments.as_slice() {
         ["health"] => (
             "health",
@@ -166,14 +187,16 @@ async fn route(shared: &Rc<Shared>, request: Request<Incoming>) -> (&'static str
         ["metrics"] => (
             "metrics",
             match method {
-                Method::GET => metrics(shared).await,
+                Method::GET => bare(gate(Op::Read, Target::Fleet), metrics(shared)).await,
                 _ => not_allowed("GET"),
             },
         ),
         ["v1", "buckets"] => (
             "list_buckets",
             match method {
-                Method::GET => list_buckets(shared, &request).await,
+                Method::GET => {
+                    bare(allowed(Op::Read, Target::Fleet), list_buckets(shared, &request)).await
+                }
                 _ => not_allowed("GET"),
             },
         ),
@@ -182,16 +205,18 @@ async fn route(shared: &Rc<Shared>, request: Request<Incoming>) -> (&'static str
                 Ok(bucket) => bucket,
                 Err(error) => return ("bucket", Err(error)),
             };
+            let (admin, read) =
+                (gate(Op::Admin, Target::Bucket(&bucket)), gate(Op::Read, Target::Bucket(&bucket)));
             match method {
                 Method::POST => {
-                    ("create_bucket", bare(refused, create_bucket(shared, &bucket, request)).await)
+                    ("create_bucket", bare(admin, create_bucket(shared, &bucket, request)).await)
                 }
-                Method::GET => ("get_bucket", bare(refused, get_bucket(shared, &bucket)).await),
+                Method::GET => ("get_bucket", bare(read, get_bucket(shared, &bucket)).await),
                 Method::PUT => {
-                    ("update_bucket", bare(refused, update_bucket(shared, &bucket, request)).await)
+                    ("update_bucket", bare(admin, update_bucket(shared, &bucket, request)).await)
                 }
                 Method::DELETE => {
-                    ("delete_bucket", bare(refused, delete_bucket(shared, &bucket)).await)
+                    ("delete_bucket", bare(admin, delete_bucket(shared, &bucket)).await)
                 }
                 _ => ("bucket", not_allowed("POST, GET, PUT, DELETE")),
             }
@@ -204,7 +229,7 @@ async fn route(shared: &Rc<Shared>, request: Request<Incoming>) -> (&'static str
             (
                 "list_streams",
                 match method {
-                    Method::GET => list_streams(shared, &bucket, &request).await,
+                    Method::GET => list_streams(shared, &caller, &bucket, &request).await,
                     _ => not_allowed("GET"),
                 },
             )
@@ -215,27 +240,33 @@ async fn route(shared: &Rc<Shared>, request: Request<Incoming>) -> (&'static str
                 Err(error) => return ("stream", Err(error)),
             };
             let (bucket, key) = (&address.0, &address.1);
+            let stream = Target::Stream(bucket, key.as_str());
             match (rest.first().copied(), method.clone()) {
                 (None, Method::POST) => {
                     let verb = create_stream(shared, bucket, key, request);
-                    ("create_stream", bare(refused, verb).await)
+                    ("create_stream", bare(gate(Op::Admin, stream), verb).await)
                 }
                 (None, Method::GET) => {
-                    ("get_stream", bare(refused, get_stream(shared, bucket, key)).await)
+                    let verb = get_stream(shared, bucket, key);
+                    ("get_stream", bare(gate(Op::Read, stream), verb).await)
                 }
                 (None, Method::PATCH) => {
                     let verb = reconfigure(shared, bucket, key, request);
-                    ("reconfigure_stream", bare(refused, verb).await)
+                    ("reconfigure_stream", bare(gate(Op::Admin, stream), verb).await)
                 }
                 (None, Method::DELETE) => {
-                    ("delete_stream", bare(refused, delete_stream(shared, bucket, key)).await)
+                    let verb = delete_stream(shared, bucket, key);
+                    ("delete_stream", bare(gate(Op::Admin, stream), verb).await)
                 }
                 (None, _) => ("stream", not_allowed("POST, GET, PATCH, DELETE")),
                 (Some("records"), Method::POST) => {
-                    ("append", bare(refused, append(shared, bucket, key, request)).await)
+                    let verb = append(shared, bucket, key, request);
+                    ("append", bare(gate(Op::Write, stream), verb).await)
                 }
                 (Some("records"), Method::GET) => {
-                    if accepts(&request, "text/event-stream") {
+                    if let Some(denied) = allowed(Op::Read, stream) {
+                        ("read", Err(denied))
+                    } else if accepts(&request, "text/event-stream") {
                         let answer =
                             crate::subscribe::subscribe(shared, bucket, key, &request, false);
                         ("subscribe", answer.await)
@@ -249,26 +280,59 @@ async fn route(shared: &Rc<Shared>, request: Request<Incoming>) -> (&'static str
                 }
                 (Some("records"), _) => ("records", not_allowed("POST, GET")),
                 (Some("tail"), Method::GET) => {
-                    ("check_tail", bare(refused, check_tail(shared, bucket, key)).await)
+                    let verb = check_tail(shared, bucket, key);
+                    ("check_tail", bare(gate(Op::Read, stream), verb).await)
                 }
                 (Some("tail"), _) => ("check_tail", not_allowed("GET")),
-                (Some("fence"), Method::POST) => {
-                    ("fence", bare(refused, fence(shared, bucket, key, request)).await)
-                }
+                (Some("fence"), Method::POST) => (
+                    "fence",
+                    bare(gate(Op::Write, stream), fence(shared, bucket, key, request)).await,
+                ),
                 (Some("fence"), _) => ("fence", not_allowed("POST")),
-                (Some("trim"), Method::POST) => {
-                    ("trim", bare(refused, trim(shared, bucket, key, request)).await)
-                }
+                (Some("trim"), Method::POST) => (
+                    "trim",
+                    bare(gate(Op::Write, stream), trim(shared, bucket, key, request)).await,
+                ),
                 (Some("trim"), _) => ("trim", not_allowed("POST")),
                 (Some("plan"), Method::GET) => {
-                    ("read_plan", plan(shared, bucket, key, &request).await)
+                    let verb = plan(shared, bucket, key, &request);
+                    ("read_plan", bare(allowed(Op::Read, stream), verb).await)
                 }
                 (Some("plan"), _) => ("read_plan", not_allowed("GET")),
                 _ => ("unknown", Err(ApiError::no_route(method.as_str(), &path))),
             }
         }
+        ["v1", "tokens"] => {
+            let admin = gate(Op::Admin, Target::Fleet);
+            match method {
+                Method::POST => ("issue_token", bare(admin, issue_token(shared, request)).await),
+                Method::GET => ("list_tokens", bare(admin, list_tokens(shared)).await),
+                _ => ("tokens", not_allowed("POST, GET")),
+            }
+        }
+        ["v1", "tokens", id] => match method {
+            Method::DELETE => (
+                "revoke_token",
+                bare(gate(Op::Admin, Target::Fleet), revoke_token(shared, id)).await,
+            ),
+            _ => ("revoke_token", not_allowed("DELETE")),
+        },
         _ => ("unknown", Err(ApiError::no_route(method.as_str(), &path))),
     }
+}
+
+/// The caller of a request: anyone when auth is off, else who its token names.
+fn authenticate(shared: &Shared, request: &Request<Incoming>) -> Result<Caller, ApiError> {
+    match &shared.auth {
+        None => Ok(Caller::Anyone),
+        Some(auth) => auth.authenticate(request.headers(), now_ms()),
+    }
+}
+
+fn now_ms() -> u64 {
+    std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map_or(0, |since| u64::try_from(since.as_millis()).unwrap_or(u64::MAX))
 }
 
 /// Runs `verb` unless the request's query was `refused` (the verb takes no parameters).
@@ -498,10 +562,57 @@ async fn delete_bucket(shared: &Shared, bucket: &BucketName) -> Answer {
     no_content()
 }
 
+// ---- Tokens ---------------------------------------------------------------------------
+
+/// The token verbs on a server whose auth is off are refused: a token would change nothing.
+fn token_table(shared: &Shared) -> Result<&Auth, ApiError> {
+    shared.auth.as_deref().ok_or_else(|| {
+        ApiError::from_code(
+            engine::Code::FailedPrecondition,
+            "authentication is off on this server (a loopback address and no \
+             --root-token-file), so tokens would change nothing; start it with \
+             --root-token-file to use them",
+        )
+    })
+}
+
+async fn issue_token(shared: &Shared, request: Request<Incoming>) -> Answer {
+    let auth = token_table(shared)?;
+    let body = read_body(request, shared.settings.body_bytes_max).await?;
+    let asked = wire::token_request(&body)?;
+    let now = now_ms();
+    let expires_at_ms = asked.expires_in_seconds.map(|seconds| now.saturating_add(seconds * 1000));
+    let (record, token) = auth
+        .issue(shared.client.control(), asked.grants, now, expires_at_ms, asked.description)
+        .await?;
+    let mut answer = wire::token_json(&record);
+    answer["token"] = json!(token);
+    Ok(json_response(StatusCode::CREATED, &answer))
+}
+
+async fn list_tokens(shared: &Shared) -> Answer {
+    let tokens: Vec<Value> =
+        token_table(shared)?.list().iter().map(|t| wire::token_json(t)).collect();
+    ok(&json!({"tokens": tokens}))
+}
+
+async fn revoke_token(shared: &Shared, id: &str) -> Answer {
+    let id = decode_segment(id, "token ID")?;
+    token_table(shared)?.revoke(shared.client.control(), &id).await?;
+    no_content()
+}
+
 // ---- Streams --------------------------------------------------------------------------
 
-async fn list_streams(shared: &Shared, bucket: &BucketName, request: &Request<Incoming>) -> Answer {
+async fn list_streams(
+    shared: &Shared,
+    caller: &Caller,
+    bucket: &BucketName,
+    request: &Request<Incoming>,
+) -> Answer {
     let pairs = query(request, &["prefix", "start_after", "limit"])?;
+    // A stream-prefix grant lists only under its prefix.
+    caller.may(Op::Read, Target::Listing(bucket, param(&pairs, "prefix").unwrap_or("")))?;
     let limit = number_param(&pairs, "limit")?;
     let page = shared
         .client

@@ -67,12 +67,24 @@ const VERBS: &[(&str, &str, &str)] = &[
         "nova fence nova://B/K --token T [--expected OLD]",
         "nova fence nova://apps/orders --token writer-2 --expected writer-1",
     ),
+    (
+        "token issue",
+        "nova token issue --grant RESOURCE:OPS [--grant ...] [--expires-in 30d] [--description D]   (prints the token once)",
+        "nova token issue --grant bucket:apps:read,write --grant stream:logs/api/:read --expires-in 30d",
+    ),
+    (
+        "token list",
+        "nova token list              issued tokens (never the tokens themselves)",
+        "nova token list",
+    ),
+    ("token revoke", "nova token revoke <id>", "nova token revoke 5f1c0a9e3b7d2468"),
 ];
 
 fn usage() -> String {
     let mut text = String::from(
-        "nova: a durable stream store\n\nusage: nova [--server URL] [--json] VERB ...\n\
+        "nova: a durable stream store\n\nusage: nova [--server URL] [--auth-token T] [--json] VERB ...\n\
          --server defaults to $NOVA_SERVER when it is set and not empty, else http://127.0.0.1:8080\n\
+         --auth-token defaults to $NOVA_TOKEN; a server with auth on needs one (docs/auth.md)\n\
          In nova://B/K the key K is everything after the bucket, as written: `/` is part of it\n\
          and nothing is percent-decoded (nova://apps/orders/eu is the key orders/eu).\n\n",
     );
@@ -309,7 +321,7 @@ impl Args {
         for (name, _) in &self.flags {
             if !accepted.contains(&name.as_str())
                 && !option(name)
-                && !["json", "help", "server"].contains(&name.as_str())
+                && !["json", "help", "server", "auth-token"].contains(&name.as_str())
             {
                 return Err(usage_error(format!("unknown flag --{name}; see --help")));
             }
@@ -436,7 +448,7 @@ fn run(args: Vec<String>) -> Outcome {
             print!("{}", usage());
             return if args.has("help") { Ok(()) } else { Err(usage_error("no verb given")) };
         }
-        ["bucket" | "stream", sub, ..] => format!("{} {sub}", verb[0]),
+        ["bucket" | "stream" | "token", sub, ..] => format!("{} {sub}", verb[0]),
         [one, ..] => (*one).to_owned(),
     };
     if args.has("help") {
@@ -457,10 +469,15 @@ fn run(args: Vec<String>) -> Outcome {
         .map(str::to_owned)
         .or_else(|| std::env::var("NOVA_SERVER").ok().filter(|url| !url.is_empty()))
         .unwrap_or_else(|| "http://127.0.0.1:8080".to_owned());
-    let client = Client::new(&url).map_err(|e| usage_error(e.to_string()))?;
+    // The token, like the server, from its flag or else the environment.
+    let token = args
+        .value("auth-token")
+        .map(str::to_owned)
+        .or_else(|| std::env::var("NOVA_TOKEN").ok().filter(|token| !token.is_empty()));
+    let client = Client::new(&url).map_err(|e| usage_error(e.to_string()))?.with_token(token);
     let session = Session { client, json: args.has("json") };
     let rest: Vec<&str> = match verb.as_slice() {
-        ["bucket" | "stream", _, rest @ ..] => rest.to_vec(),
+        ["bucket" | "stream" | "token", _, rest @ ..] => rest.to_vec(),
         [_, rest @ ..] => rest.to_vec(),
         [] => Vec::new(),
     };
@@ -555,6 +572,82 @@ fn run(args: Vec<String>) -> Outcome {
                 }
                 lines.join("\n")
             });
+            Ok(())
+        }
+        "token issue" => {
+            args.only(&["grant", "expires-in", "description"])?;
+            if !rest.is_empty() {
+                return Err(usage_error("token issue takes no address; grants go in --grant"));
+            }
+            let grants = args.values("grant");
+            if grants.is_empty() {
+                return Err(usage_error(
+                    "token issue needs at least one --grant RESOURCE:OPS, e.g. --grant bucket:apps:read",
+                ));
+            }
+            let mut body = json!({"grants": grants});
+            if let Some(text) = args.value("expires-in") {
+                let ms = duration_ms("expires-in", text).map_err(usage_error)?;
+                if ms % 1000 != 0 || ms == 0 {
+                    return Err(usage_error(format!(
+                        "--expires-in {text:?} must be a whole number of seconds, at least 1s"
+                    )));
+                }
+                body["expires_in_seconds"] = json!(ms / 1000);
+            }
+            if let Some(description) = args.value("description") {
+                body["description"] = json!(description);
+            }
+            let issued = session.call("POST", "/v1/tokens", Some(&body))?;
+            session.show(&issued, |t| {
+                format!(
+                    "{}\n(token {} issued; it is shown only now: keep it, the server keeps only its hash)",
+                    t["token"].as_str().unwrap_or(""),
+                    t["id"].as_str().unwrap_or("")
+                )
+            });
+            Ok(())
+        }
+        "token list" => {
+            args.only(&[])?;
+            if !rest.is_empty() {
+                return Err(usage_error("token list takes no arguments"));
+            }
+            let list = session.call("GET", "/v1/tokens", None)?;
+            session.show(&list, |list| {
+                list["tokens"]
+                    .as_array()
+                    .into_iter()
+                    .flatten()
+                    .map(|t| {
+                        let grants: Vec<&str> = t["grants"]
+                            .as_array()
+                            .into_iter()
+                            .flatten()
+                            .filter_map(Value::as_str)
+                            .collect();
+                        let expires = t["expires_at_ms"]
+                            .as_u64()
+                            .map_or("never expires".to_owned(), |ms| format!("expires at {ms} ms"));
+                        let description = t["description"].as_str().unwrap_or("");
+                        format!(
+                            "{} {} ({expires}) {description}",
+                            t["id"].as_str().unwrap_or(""),
+                            grants.join(" ")
+                        )
+                        .trim_end()
+                        .to_owned()
+                    })
+                    .collect::<Vec<_>>()
+                    .join("\n")
+            });
+            Ok(())
+        }
+        "token revoke" => {
+            args.only(&[])?;
+            let id = one("token ID")?;
+            session.call("DELETE", &format!("/v1/tokens/{}", encode_segment(id)), None)?;
+            session.show(&json!({"revoked": "token", "id": id}), |_| format!("revoked token {id}"));
             Ok(())
         }
         "bucket delete" => {

@@ -36,7 +36,8 @@ pub fn status_of(code: Code) -> StatusCode {
 }
 
 impl ApiError {
-    fn new(code: Code, message: impl Into<String>) -> Self {
+    /// An error of `code`; its status follows from the code.
+    pub fn from_code(code: Code, message: impl Into<String>) -> Self {
         ApiError {
             status: status_of(code),
             code: code.as_str(),
@@ -48,12 +49,12 @@ impl ApiError {
 
     /// invalid_argument: the message names the field and what was wrong with it.
     pub fn invalid(message: impl Into<String>) -> Self {
-        Self::new(Code::InvalidArgument, message)
+        Self::from_code(Code::InvalidArgument, message)
     }
 
     /// not_found for a path no route serves.
     pub fn no_route(method: &str, path: &str) -> Self {
-        Self::new(
+        Self::from_code(
             Code::NotFound,
             format!("no route for {method} {path}; the API is under /v1 (docs/api.md)"),
         )
@@ -68,12 +69,12 @@ impl ApiError {
     }
 
     pub fn internal(message: impl Into<String>) -> Self {
-        Self::new(Code::Internal, message)
+        Self::from_code(Code::Internal, message)
     }
 
     /// The engine's error, with the details its accessors give.
     pub fn from_engine(error: &engine::Error) -> Self {
-        let mut api = Self::new(error.code(), error.to_string());
+        let mut api = Self::from_code(error.code(), error.to_string());
         if let Some(next) = error.next_seq_num() {
             api.details.insert("next_seq_num".into(), json!(next));
         }

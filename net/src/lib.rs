@@ -8,6 +8,7 @@
 //! bounded before it is held whole.
 
 pub mod api;
+pub mod auth;
 pub mod body;
 pub mod cli;
 pub mod client;

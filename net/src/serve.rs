@@ -12,6 +12,7 @@ use signal_hook::consts::{SIGINT, SIGTERM};
 use signal_hook::iterator::Signals;
 use tuning::Knob;
 
+use crate::auth::Auth;
 use crate::metrics::Metrics;
 use crate::server::{self, ServerConfig};
 
@@ -125,8 +126,8 @@ pub fn help() -> String {
         text.push_str(&format!("  --{flag}: {help}\n"));
     }
     text.push_str(&format!(
-        "\nnova has no authentication yet, so it serves only a loopback address unless\n\
-         --{INSECURE_NO_AUTH} is given (then it warns at start):\n\n  \
+        "\nWith --root-token-file, every request needs a token (docs/auth.md). Without one, nova\n\
+         serves only a loopback address unless --{INSECURE_NO_AUTH} is given (then it warns):\n\n  \
          --{INSECURE_NO_AUTH}: serve a non-loopback --listen address without authentication\n"
     ));
     text.push_str(&format!(
@@ -153,9 +154,9 @@ pub fn help() -> String {
     text
 }
 
-/// Refusing to serve a non-loopback address is the default, since nova has no
-/// authentication yet (spec/auth.md: "binding any other address without auth needs an
-/// explicit `--insecure-no-auth` flag, and the server warns at start").
+/// Serving a non-loopback address without auth (no `--root-token-file`) is refused unless
+/// asked for (spec/auth.md: "binding any other address without auth needs an explicit
+/// `--insecure-no-auth` flag, and the server warns at start").
 const INSECURE_NO_AUTH: &str = "insecure-no-auth";
 
 /// Starting although a journal of a data directory that ran before is missing.
@@ -163,6 +164,18 @@ const ACCEPT_JOURNAL_LOSS: &str = "accept-journal-loss";
 
 /// Flags that mean true when given alone.
 const SWITCHES: [&str; 3] = ["s3-path-style", INSECURE_NO_AUTH, ACCEPT_JOURNAL_LOSS];
+
+/// The node's tokens when `--root-token-file` turns authentication on.
+fn auth(flags: &[(String, String)]) -> Result<Option<Arc<Auth>>, String> {
+    let knob = tuning::ROOT_TOKEN_FILE;
+    let path = knob.resolve(flag_value(flags, knob.flag));
+    if path.is_empty() {
+        return Ok(None);
+    }
+    let root = std::fs::read_to_string(&path)
+        .map_err(|e| format!("--{} {path:?} cannot be read: {e}", knob.flag))?;
+    Ok(Some(Arc::new(Auth::with_root_token(&root, knob.flag)?)))
+}
 
 /// The cores this process may run on.
 fn cores() -> usize {
@@ -234,19 +247,33 @@ pub fn run(args: &[String]) -> Result<(), String> {
         Some(other) => Err(format!("--{name} is true or false, not {other:?}")),
     };
     let insecure = switch(INSECURE_NO_AUTH)?;
-    if !listen.ip().is_loopback() {
-        if !insecure {
+    let auth = auth(&flags)?;
+    match (&auth, insecure) {
+        (Some(_), true) => {
             return Err(format!(
-                "--listen {listen} is not a loopback address, and nova has no authentication \
-                 yet: anyone who can reach the port could read, write and delete every \
-                 stream. Listen on 127.0.0.1, or pass --{INSECURE_NO_AUTH} to serve it anyway"
+                "--{} turns authentication on and --{INSECURE_NO_AUTH} asks for none: give one",
+                tuning::ROOT_TOKEN_FILE.flag
             ));
         }
-        eprintln!(
+        (Some(_), false) => eprintln!(
+            "nova: authentication on: every request needs a token (--{})",
+            tuning::ROOT_TOKEN_FILE.flag
+        ),
+        (None, false) if !listen.ip().is_loopback() => {
+            return Err(format!(
+                "--listen {listen} is not a loopback address, and authentication is off: \
+                 anyone who can reach the port could read, write and delete every stream. \
+                 Give --{} to turn it on, listen on 127.0.0.1, or pass --{INSECURE_NO_AUTH} \
+                 to serve it anyway",
+                tuning::ROOT_TOKEN_FILE.flag
+            ));
+        }
+        (None, true) if !listen.ip().is_loopback() => eprintln!(
             "nova: WARNING: listening on {listen} without authentication \
              (--{INSECURE_NO_AUTH}): anyone who can reach the port can read, write and \
              delete every stream"
-        );
+        ),
+        (None, _) => {}
     }
 
     let mut config = NodeConfig::new(&data_dir);
@@ -267,6 +294,7 @@ pub fn run(args: &[String]) -> Result<(), String> {
     config.apply_knobs(&mut |k| knob(&flags, k))?;
     let mut server_config = ServerConfig::new(listen);
     server_config.connections_max = knob(&flags, tuning::HTTP_CONNECTIONS_MAX)?;
+    server_config.auth = auth;
     server_config.settings.body_bytes_max = knob(&flags, tuning::HTTP_BODY_BYTES_MAX)?;
     server_config.settings.log_slow =
         Duration::from_millis(knob(&flags, tuning::HTTP_LOG_SLOW_MS)?);

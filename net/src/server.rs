@@ -25,6 +25,7 @@ use hyper::server::conn::http1;
 use hyper::service::service_fn;
 
 use crate::api::{self, Settings, Shared};
+use crate::auth::Auth;
 use crate::io::Io;
 use crate::metrics::Metrics;
 
@@ -34,6 +35,8 @@ pub struct ServerConfig {
     pub listen: SocketAddr,
     pub connections_max: u64,
     pub settings: Settings,
+    /// None: auth is off.
+    pub auth: Option<Arc<Auth>>,
 }
 
 impl ServerConfig {
@@ -42,6 +45,7 @@ impl ServerConfig {
         ServerConfig {
             listen,
             connections_max: tuning::HTTP_CONNECTIONS_MAX.default,
+            auth: None,
             settings: Settings {
                 body_bytes_max: tuning::HTTP_BODY_BYTES_MAX.default,
                 log_slow: Duration::from_millis(tuning::HTTP_LOG_SLOW_MS.default),
@@ -102,6 +106,13 @@ async fn serve_shard(
     metrics: Arc<Metrics>,
     bound: flume::Sender<Result<(), String>>,
 ) {
+    // The issued tokens are in memory before the first request is taken.
+    if let Some(auth) = &config.auth
+        && let Err(error) = auth.load(context.client.control()).await
+    {
+        let _ = bound.send(Err(format!("shard {} cannot load the tokens: {error}", context.shard)));
+        return;
+    }
     let listener = match listen(config.listen) {
         Ok(listener) => {
             let _ = bound.send(Ok(()));
@@ -123,6 +134,7 @@ async fn serve_shard(
         stopping: context.stopping.clone(),
         boot: boot_id(),
         next_request: Cell::new(0),
+        auth: config.auth.clone(),
     });
     let permits = Rc::new(Semaphore::new(config.connections_max));
     loop {

@@ -10,6 +10,7 @@
 
 use base64::Engine as _;
 use base64::engine::general_purpose::STANDARD as BASE64;
+use engine::auth::{Grant, TOKEN_DESCRIPTION_BYTES_MAX, TokenRecord};
 use engine::control::{BucketRecord, StreamRecord};
 use engine::framing::{AppendBuilder, AppendConditions, Frame, decode_frame};
 use engine::limits::FENCING_TOKEN_BYTES_MAX;
@@ -483,4 +484,64 @@ mod tests {
         assert_eq!(Encoding::Base64.decode(&text, &String::new).expect("decodes"), all);
         assert!(Encoding::Text.encode(&all, &|| "x".into()).is_err());
     }
+}
+
+// ---- Tokens ---------------------------------------------------------------------------
+
+/// The longest lifetime a token may be issued with: ten years.
+pub const TOKEN_LIFETIME_SECONDS_MAX: u64 = 10 * 365 * 24 * 3600;
+
+/// An IssueToken request.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct TokenRequest {
+    pub grants: Vec<Grant>,
+    /// None: the token never expires.
+    pub expires_in_seconds: Option<u64>,
+    pub description: String,
+}
+
+/// `{"grants": ["bucket:apps:read", ...], "expires_in_seconds": N, "description": "..."}`.
+pub fn token_request(body: &[u8]) -> Result<TokenRequest, ApiError> {
+    let object = parse_body(body, &["grants", "expires_in_seconds", "description"])?;
+    let values = object.required("grants", object.array("grants")?)?;
+    let mut texts = Vec::with_capacity(values.len());
+    for (index, value) in values.iter().enumerate() {
+        texts.push(value.as_str().ok_or_else(|| {
+            ApiError::invalid(format!(
+                "field grants[{index}] must be a string such as \"bucket:apps:read\", not {}",
+                excerpt(value)
+            ))
+        })?);
+    }
+    let grants = engine::auth::parse_grants(&texts)?;
+    let expires_in_seconds = match object.u64("expires_in_seconds")? {
+        Some(seconds) if !(1..=TOKEN_LIFETIME_SECONDS_MAX).contains(&seconds) => {
+            return Err(ApiError::invalid(format!(
+                "field expires_in_seconds is {seconds}; it must be 1 to \
+                 {TOKEN_LIFETIME_SECONDS_MAX} (ten years), or absent for a token that never \
+                 expires"
+            )));
+        }
+        other => other,
+    };
+    let description = object.str("description")?.unwrap_or_default().to_owned();
+    if description.len() > TOKEN_DESCRIPTION_BYTES_MAX {
+        return Err(ApiError::invalid(format!(
+            "field description is {} bytes, over the limit of {TOKEN_DESCRIPTION_BYTES_MAX}",
+            description.len()
+        )));
+    }
+    Ok(TokenRequest { grants, expires_in_seconds, description })
+}
+
+/// A token as IssueToken and ListTokens show it: never the token or its hash.
+pub fn token_json(token: &TokenRecord) -> Value {
+    let grants: Vec<String> = token.grants.iter().map(ToString::to_string).collect();
+    json!({
+        "id": token.id,
+        "grants": grants,
+        "created_at_ms": token.created_at_ms,
+        "expires_at_ms": token.expires_at_ms,
+        "description": token.description,
+    })
 }

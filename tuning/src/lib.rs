@@ -649,8 +649,16 @@ pub const JOURNAL_DIR: TextKnob = TextKnob {
     reason: "with the data directory unless asked: one directory is all a first run needs, and a device of its own for the journal (its group commits' writes and fdatasyncs) is a choice for the operator who has one",
 };
 
+pub const ROOT_TOKEN_FILE: TextKnob = TextKnob {
+    flag: "root-token-file",
+    env: "NOVA_ROOT_TOKEN_FILE",
+    default: "",
+    help: "file holding the root token (16 to 4096 bytes, one line); given, every request needs Authorization: Bearer <token> (docs/auth.md), and without it a non-loopback --listen needs --insecure-no-auth",
+    reason: "off on loopback, where only this machine's users reach the port and a first run should need nothing; a file, not a flag value, so the token never shows in ps or a shell history",
+};
+
 /// Every text knob, in the order `--help` and the doc list them.
-pub const TEXT_KNOBS: &[TextKnob] = &[LISTEN, DATA_DIR, JOURNAL_DIR];
+pub const TEXT_KNOBS: &[TextKnob] = &[LISTEN, DATA_DIR, JOURNAL_DIR, ROOT_TOKEN_FILE];
 
 /// A knob value that could not be used.
 #[derive(Clone, Debug, PartialEq, Eq)]

@@ -6,11 +6,24 @@ use std::io::{self, BufRead, BufReader, Read, Write};
 use std::net::TcpStream;
 use std::time::Duration;
 
-/// A server's address, from `http://HOST:PORT` (a path after it is ignored).
-#[derive(Clone, Debug, PartialEq, Eq)]
+/// A server's address, from `http://HOST:PORT` (a path after it is ignored), and the
+/// token every request to it carries (docs/auth.md), if any.
+#[derive(Clone, PartialEq, Eq)]
 pub struct Server {
     /// `HOST:PORT`.
     pub authority: String,
+    /// Sent as `Authorization: Bearer <token>`.
+    token: Option<String>,
+}
+
+impl std::fmt::Debug for Server {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        // Never the token: Debug output ends up in logs.
+        f.debug_struct("Server")
+            .field("authority", &self.authority)
+            .field("token", &self.token.as_ref().map(|_| "(set)"))
+            .finish()
+    }
 }
 
 impl Server {
@@ -24,7 +37,13 @@ impl Server {
         }
         let authority =
             if authority.contains(':') { authority.to_owned() } else { format!("{authority}:80") };
-        Ok(Server { authority })
+        Ok(Server { authority, token: None })
+    }
+
+    /// Every request carries `token` (None, or an empty one: no Authorization header).
+    pub fn with_token(mut self, token: Option<String>) -> Self {
+        self.token = token.filter(|token| !token.is_empty());
+        self
     }
 }
 
@@ -98,16 +117,10 @@ pub fn open(
     let mut stream = TcpStream::connect(&server.authority)?;
     stream.set_nodelay(true)?;
     stream.set_read_timeout(timeout)?;
-    let mut head =
-        format!("{method} {path} HTTP/1.1\r\nhost: {}\r\nconnection: close\r\n", server.authority);
-    for (name, value) in headers {
-        head.push_str(&format!("{name}: {value}\r\n"));
-    }
-    if let Some(body) = body {
-        head.push_str(&format!("content-length: {}\r\n", body.len()));
-    }
-    head.push_str("\r\n");
-    let mut out = head.into_bytes();
+    let mut out = Vec::with_capacity(256 + body.map_or(0, <[u8]>::len));
+    let mut headers = headers.to_vec();
+    headers.push(("connection", "close"));
+    encode_head(&mut out, method, path, server, &headers, body.map(<[u8]>::len));
     out.extend_from_slice(body.unwrap_or_default());
     // A server may answer before it has read the whole body (a body over its limit):
     // then the write fails, and the answer is what counts.
@@ -236,13 +249,16 @@ pub fn encode_head(
     out: &mut Vec<u8>,
     method: &str,
     path: &str,
-    authority: &str,
+    server: &Server,
     headers: &[(&str, &str)],
     content_length: Option<usize>,
 ) {
     use std::fmt::Write as _;
     let mut head = String::with_capacity(128 + path.len());
-    let _ = write!(head, "{method} {path} HTTP/1.1\r\nhost: {authority}\r\n");
+    let _ = write!(head, "{method} {path} HTTP/1.1\r\nhost: {}\r\n", server.authority);
+    if let Some(token) = &server.token {
+        let _ = write!(head, "authorization: Bearer {token}\r\n");
+    }
     for (name, value) in headers {
         let _ = write!(head, "{name}: {value}\r\n");
     }

@@ -757,6 +757,12 @@ impl Client {
         &self.server
     }
 
+    /// Every call carries `token` as `Authorization: Bearer <token>` (docs/auth.md).
+    pub fn with_token(mut self, token: Option<String>) -> Self {
+        self.server = self.server.with_token(token);
+        self
+    }
+
     pub fn format(&self) -> Format {
         self.format
     }
@@ -798,7 +804,7 @@ impl Client {
             &mut out,
             method,
             path,
-            &self.server.authority,
+            &self.server,
             headers,
             body.map(<[u8]>::len).or((method != "GET").then_some(0)),
         );

@@ -36,7 +36,7 @@ pub struct SessionAck {
 pub struct AppendSession {
     format: Format,
     path: String,
-    authority: String,
+    server: Server,
     in_flight_max: usize,
     in_flight: usize,
     next_ticket: u64,
@@ -78,7 +78,7 @@ impl AppendSession {
         Ok(Self {
             format,
             path: format!("{}/records", address.path()),
-            authority: server.authority.clone(),
+            server: server.clone(),
             in_flight_max,
             in_flight: 0,
             next_ticket: 0,
@@ -112,7 +112,7 @@ impl AppendSession {
                     &mut buffer,
                     "POST",
                     &self.path,
-                    &self.authority,
+                    &self.server,
                     &[("content-type", RECORDS_MEDIA_TYPE)],
                     Some(batch.framed_len(conditions)),
                 );
@@ -128,7 +128,7 @@ impl AppendSession {
                     &mut buffer,
                     "POST",
                     &self.path,
-                    &self.authority,
+                    &self.server,
                     &headers,
                     Some(body.len()),
                 );

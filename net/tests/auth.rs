@@ -1,0 +1,416 @@
+//! Authentication and authorization (spec/auth.md, docs/auth.md) over real sockets
+//! against a `nova serve` child with a root token: 401 without a known token, 403 without
+//! the grant (and the same answer whether the target exists or not), each resource kind,
+//! issuing, listing, expiring and revoking tokens, tokens kept across a restart, and the
+//! CLI and client carrying a token.
+
+mod common;
+
+use std::path::Path;
+use std::process::Command;
+use std::time::{Duration, Instant};
+
+use common::Nova;
+use serde_json::{Value, json};
+
+const ROOT: &str = "root-token-for-tests-0123456789";
+
+fn root_file(dir: &Path) -> String {
+    let path = dir.join("root-token");
+    std::fs::write(&path, format!("{ROOT}\n")).expect("write the root token file");
+    path.to_str().expect("a UTF-8 path").to_owned()
+}
+
+fn start(dir: &Path) -> Nova {
+    Nova::start_with(&dir.join("data"), &["--root-token-file", &root_file(dir)], &[])
+}
+
+/// Calls with `token` (None: no Authorization header); the status and the JSON body.
+fn call(
+    nova: &Nova,
+    token: Option<&str>,
+    method: &str,
+    path: &str,
+    body: Option<&Value>,
+) -> (u16, Value) {
+    let bearer = token.map(|t| format!("Bearer {t}"));
+    let headers: Vec<(&str, &str)> =
+        bearer.as_deref().map(|b| ("authorization", b)).into_iter().collect();
+    let body = body.map(Value::to_string);
+    let response = nova.call_with(method, path, &headers, body.as_deref().map(str::as_bytes));
+    let json = if response.body.is_empty() { Value::Null } else { response.json() };
+    (response.status, json)
+}
+
+fn expect(
+    nova: &Nova,
+    token: Option<&str>,
+    method: &str,
+    path: &str,
+    body: Option<&Value>,
+    status: u16,
+) -> Value {
+    let (got, json) = call(nova, token, method, path, body);
+    assert_eq!(got, status, "{method} {path}: {json}");
+    json
+}
+
+fn issue(nova: &Nova, grants: &[&str]) -> (String, String) {
+    let issued =
+        expect(nova, Some(ROOT), "POST", "/v1/tokens", Some(&json!({"grants": grants})), 201);
+    let token = issued["token"].as_str().expect("the token").to_owned();
+    let id = issued["id"].as_str().expect("the id").to_owned();
+    assert!(token.starts_with(&format!("nova_{id}_")), "{token}");
+    (token, id)
+}
+
+#[test]
+fn every_request_but_health_needs_a_token_the_server_knows() {
+    let dir = tempfile::tempdir().expect("temp dir");
+    let nova = start(dir.path());
+    expect(&nova, None, "GET", "/health", None, 200);
+    for (method, path) in [
+        ("GET", "/v1/buckets"),
+        ("POST", "/v1/buckets/apps"),
+        ("GET", "/v1/streams/apps/k/records"),
+        ("POST", "/v1/tokens"),
+        ("GET", "/metrics"),
+        ("GET", "/v1/no/such/route"),
+    ] {
+        let response = nova.call(method, path, None);
+        assert_eq!(response.status, 401, "{method} {path}: {}", response.text());
+        assert_eq!(response.json()["code"], "unauthenticated");
+        assert_eq!(response.header("www-authenticate"), Some("Bearer"));
+    }
+    for wrong in [
+        "not-the-root-token".to_owned(),
+        format!("{ROOT}x"),
+        format!("nova_{}_{}", "0".repeat(16), "0".repeat(64)),
+    ] {
+        let (status, body) = call(&nova, Some(&wrong), "GET", "/v1/buckets", None);
+        assert_eq!((status, body["code"].as_str()), (401, Some("unauthenticated")), "{body}");
+    }
+    let basic =
+        nova.call_with("GET", "/v1/buckets", &[("authorization", &format!("Basic {ROOT}"))], None);
+    assert_eq!(basic.status, 401);
+    assert!(basic.json()["message"].as_str().is_some_and(|m| m.contains("Bearer")));
+    // The root token may do everything.
+    expect(&nova, Some(ROOT), "GET", "/v1/buckets", None, 200);
+    expect(&nova, Some(ROOT), "GET", "/metrics", None, 200);
+}
+
+#[test]
+fn each_grant_reaches_only_its_resource_and_operations() {
+    let dir = tempfile::tempdir().expect("temp dir");
+    let nova = start(dir.path());
+    let auto = json!({"create_stream_on_append": true});
+    for bucket in ["apps", "other"] {
+        expect(&nova, Some(ROOT), "POST", &format!("/v1/buckets/{bucket}"), Some(&auto), 201);
+    }
+    let records = json!({"records": [{"body": "hi"}]});
+    for path in ["/v1/streams/apps/orders%2Feu/records", "/v1/streams/other/exists/records"] {
+        expect(&nova, Some(ROOT), "POST", path, Some(&records), 200);
+    }
+
+    // A bucket reader reads that bucket's streams, and does nothing else.
+    let (reader, _) = issue(&nova, &["bucket:apps:read"]);
+    let reader = Some(reader.as_str());
+    expect(&nova, reader, "GET", "/v1/streams/apps/orders%2Feu/records?seq_num=0", None, 200);
+    expect(&nova, reader, "GET", "/v1/streams/apps/orders%2Feu/tail", None, 200);
+    expect(&nova, reader, "GET", "/v1/streams/apps/orders%2Feu", None, 200);
+    expect(&nova, reader, "GET", "/v1/streams/apps", None, 200);
+    expect(&nova, reader, "GET", "/v1/buckets/apps", None, 200);
+    for (method, path, body) in [
+        ("POST", "/v1/streams/apps/orders%2Feu/records", Some(&records)),
+        ("POST", "/v1/streams/apps/orders%2Feu/trim", Some(&json!({"seq_num": 1}))),
+        ("POST", "/v1/streams/apps/orders%2Feu/fence", Some(&json!({"fencing_token": "t"}))),
+        ("DELETE", "/v1/streams/apps/orders%2Feu", None),
+        ("PUT", "/v1/buckets/apps", Some(&json!({}))),
+        ("GET", "/v1/buckets", None),
+        ("GET", "/metrics", None),
+        ("GET", "/v1/tokens", None),
+        ("GET", "/v1/streams/other/exists/records", None),
+    ] {
+        let denied = expect(&nova, reader, method, path, body, 403);
+        assert_eq!(denied["code"], "permission_denied", "{method} {path}");
+    }
+    // A refusal says the same whether the stream exists or not.
+    let exists = expect(&nova, reader, "GET", "/v1/streams/other/exists", None, 403);
+    let missing = expect(&nova, reader, "GET", "/v1/streams/other/missing", None, 403);
+    assert_eq!(
+        exists["message"].as_str().map(|m| m.replace("exists", "KEY")),
+        missing["message"].as_str().map(|m| m.replace("missing", "KEY")),
+    );
+    assert!(
+        exists["message"]
+            .as_str()
+            .is_some_and(|m| m.contains("no read grant on stream other/exists"))
+    );
+
+    // A stream-prefix writer appends (creating) under its prefix, and lists only there.
+    let (writer, _) = issue(&nova, &["stream:apps/orders/:write,read"]);
+    let writer = Some(writer.as_str());
+    expect(&nova, writer, "POST", "/v1/streams/apps/orders%2Fus/records", Some(&records), 200);
+    expect(&nova, writer, "POST", "/v1/streams/apps/logs/records", Some(&records), 403);
+    expect(&nova, writer, "GET", "/v1/buckets/apps", None, 403);
+    expect(&nova, writer, "GET", "/v1/streams/apps", None, 403);
+    let listed = expect(&nova, writer, "GET", "/v1/streams/apps?prefix=orders%2F", None, 200);
+    let keys: Vec<&str> = listed["streams"]
+        .as_array()
+        .into_iter()
+        .flatten()
+        .filter_map(|s| s["key"].as_str())
+        .collect();
+    assert_eq!(keys, ["orders/eu", "orders/us"]);
+
+    // A bucket admin creates and deletes in its bucket, but issues no tokens.
+    let (admin, _) = issue(&nova, &["bucket:other:admin"]);
+    let admin = Some(admin.as_str());
+    expect(&nova, admin, "POST", "/v1/streams/other/made", None, 201);
+    expect(&nova, admin, "DELETE", "/v1/streams/other/made", None, 204);
+    expect(&nova, admin, "POST", "/v1/streams/apps/made", None, 403);
+    expect(&nova, admin, "POST", "/v1/tokens", Some(&json!({"grants": ["*:*:read"]})), 403);
+
+    // A fleet reader lists buckets.
+    let (fleet, _) = issue(&nova, &["*:*:read"]);
+    let names = expect(&nova, Some(&fleet), "GET", "/v1/buckets", None, 200);
+    assert_eq!(names["buckets"].as_array().map(Vec::len), Some(2));
+}
+
+#[test]
+fn tokens_are_listed_without_secrets_revoked_at_once_expire_and_survive_a_restart() {
+    let dir = tempfile::tempdir().expect("temp dir");
+    let nova = start(dir.path());
+    let (kept, kept_id) = issue(&nova, &["*:*:read"]);
+    let (revoked, revoked_id) = issue(&nova, &["*:*:read"]);
+    let described =
+        json!({"grants": ["bucket:apps:write"], "description": "ci", "expires_in_seconds": 3600});
+    let issued = expect(&nova, Some(ROOT), "POST", "/v1/tokens", Some(&described), 201);
+    assert_eq!(issued["description"], "ci");
+    assert_eq!(issued["grants"], json!(["bucket:apps:write"]));
+    let expires = issued["expires_at_ms"].as_u64().expect("an expiry");
+    let created = issued["created_at_ms"].as_u64().expect("a creation time");
+    assert_eq!(expires - created, 3_600_000);
+
+    let listed = expect(&nova, Some(ROOT), "GET", "/v1/tokens", None, 200);
+    let tokens = listed["tokens"].as_array().expect("tokens");
+    assert_eq!(tokens.len(), 3);
+    let text = listed.to_string();
+    for secret in [&kept, &revoked] {
+        assert!(!text.contains(&secret[secret.len() - 64..]), "a secret in the list: {text}");
+    }
+    assert!(tokens.iter().all(|t| t.get("token").is_none() && t.get("hash").is_none()), "{text}");
+
+    expect(&nova, Some(&revoked), "GET", "/v1/buckets", None, 200);
+    expect(&nova, Some(ROOT), "DELETE", &format!("/v1/tokens/{revoked_id}"), None, 204);
+    expect(&nova, Some(&revoked), "GET", "/v1/buckets", None, 401);
+    expect(&nova, Some(ROOT), "DELETE", &format!("/v1/tokens/{revoked_id}"), None, 404);
+
+    // A token expires at its time: asked for the shortest lifetime, it is refused soon.
+    let short = json!({"grants": ["*:*:read"], "expires_in_seconds": 1});
+    let brief = expect(&nova, Some(ROOT), "POST", "/v1/tokens", Some(&short), 201);
+    let brief = brief["token"].as_str().expect("token").to_owned();
+    let deadline = Instant::now() + Duration::from_secs(10);
+    loop {
+        let (status, body) = call(&nova, Some(&brief), "GET", "/v1/buckets", None);
+        if status == 401 {
+            assert!(body["message"].as_str().is_some_and(|m| m.contains("expired at")), "{body}");
+            break;
+        }
+        assert_eq!(status, 200);
+        assert!(Instant::now() < deadline, "a 1 s token still works after 10 s");
+        std::thread::sleep(Duration::from_millis(50));
+    }
+
+    assert!(nova.terminate().success());
+    let nova = start(dir.path());
+    expect(&nova, Some(&kept), "GET", "/v1/buckets", None, 200);
+    expect(&nova, Some(&revoked), "GET", "/v1/buckets", None, 401);
+    let listed = expect(&nova, Some(ROOT), "GET", "/v1/tokens", None, 200);
+    let ids: Vec<&str> = listed["tokens"]
+        .as_array()
+        .into_iter()
+        .flatten()
+        .filter_map(|t| t["id"].as_str())
+        .collect();
+    assert!(ids.contains(&kept_id.as_str()) && !ids.contains(&revoked_id.as_str()), "{ids:?}");
+}
+
+#[test]
+fn a_bad_token_request_is_refused_naming_the_field_and_the_limit() {
+    let dir = tempfile::tempdir().expect("temp dir");
+    let nova = start(dir.path());
+    let many: Vec<String> = (0..65).map(|_| "*:*:read".to_owned()).collect();
+    for (body, says) in [
+        (json!({}), "field grants is required"),
+        (json!({"grants": []}), "between 1 and 64"),
+        (json!({"grants": many}), "grants 65 is out of range"),
+        (json!({"grants": [7]}), "grants[0] must be a string"),
+        (json!({"grants": ["bucket:apps:delete"]}), "unknown operation \"delete\""),
+        (json!({"grants": ["*:*:read"], "expires_in_seconds": 0}), "expires_in_seconds is 0"),
+        (json!({"grants": ["*:*:read"], "description": "d".repeat(257)}), "over the limit of 256"),
+        (json!({"grants": ["*:*:read"], "ttl": 5}), "unknown field \"ttl\""),
+    ] {
+        let refused = expect(&nova, Some(ROOT), "POST", "/v1/tokens", Some(&body), 400);
+        assert_eq!(refused["code"], "invalid_argument");
+        let message = refused["message"].as_str().unwrap_or("");
+        assert!(message.contains(says), "{body}: {message}");
+    }
+    expect(&nova, Some(ROOT), "PUT", "/v1/tokens", None, 405);
+}
+
+#[test]
+fn without_a_root_token_auth_is_off_and_the_token_verbs_say_so() {
+    let dir = tempfile::tempdir().expect("temp dir");
+    let nova = Nova::start(dir.path());
+    expect(&nova, None, "GET", "/v1/buckets", None, 200);
+    let refused =
+        expect(&nova, None, "POST", "/v1/tokens", Some(&json!({"grants": ["*:*:read"]})), 412);
+    assert!(refused["message"].as_str().is_some_and(|m| m.contains("--root-token-file")));
+}
+
+#[test]
+fn serve_refuses_a_root_token_it_cannot_use_and_auth_serves_any_address() {
+    let dir = tempfile::tempdir().expect("temp dir");
+    let short = dir.path().join("short");
+    std::fs::write(&short, "short\n").expect("write");
+    let missing = dir.path().join("missing");
+    let root = root_file(dir.path());
+    for (flags, says) in [
+        (vec!["--root-token-file", short.to_str().unwrap_or("")], "the root token is 5 bytes"),
+        (vec!["--root-token-file", missing.to_str().unwrap_or("")], "cannot be read"),
+        (vec!["--root-token-file", &root, "--insecure-no-auth"], "give one"),
+    ] {
+        let out = Command::new(env!("CARGO_BIN_EXE_nova"))
+            .args(["serve", "--listen", "127.0.0.1:0", "--data-dir"])
+            .arg(dir.path().join("refused"))
+            .args(&flags)
+            .output()
+            .expect("run nova serve");
+        let stderr = String::from_utf8_lossy(&out.stderr);
+        assert_eq!(out.status.code(), Some(1), "{flags:?}: {stderr}");
+        assert!(stderr.contains(says) && stderr.contains("--"), "{flags:?}: {stderr}");
+    }
+    // With auth on, a non-loopback address needs no --insecure-no-auth.
+    let log = dir.path().join("log");
+    let nova = Nova::start_logging(
+        &dir.path().join("data"),
+        &["--listen", "0.0.0.0:0", "--root-token-file", &root],
+        &log,
+    );
+    expect(&nova, Some(ROOT), "GET", "/v1/buckets", None, 200);
+    let log = std::fs::read_to_string(&log).expect("read the log");
+    assert!(log.contains("authentication on") && !log.contains("WARNING"), "{log}");
+}
+
+#[test]
+fn the_cli_carries_its_token_from_the_flag_or_the_environment() {
+    let dir = tempfile::tempdir().expect("temp dir");
+    let nova = start(dir.path());
+    let nova_cli = |args: &[&str], env: &[(&str, &str)]| {
+        let out = Command::new(env!("CARGO_BIN_EXE_nova"))
+            .args(["--server", &nova.url])
+            .args(args)
+            .env_remove("NOVA_TOKEN")
+            .envs(env.iter().copied())
+            .output()
+            .expect("run nova");
+        (
+            out.status.code(),
+            String::from_utf8_lossy(&out.stdout).into_owned(),
+            String::from_utf8_lossy(&out.stderr).into_owned(),
+        )
+    };
+    let (code, _, stderr) = nova_cli(&["ls"], &[]);
+    assert_eq!(code, Some(1));
+    assert!(stderr.contains("unauthenticated"), "{stderr}");
+
+    let (code, out, stderr) = nova_cli(
+        &[
+            "--auth-token",
+            ROOT,
+            "token",
+            "issue",
+            "--grant",
+            "bucket:apps:read,write",
+            "--expires-in",
+            "1h",
+            "--description",
+            "cli",
+        ],
+        &[],
+    );
+    assert_eq!(code, Some(0), "{stderr}");
+    let token = out.lines().next().expect("the token first").to_owned();
+    assert!(token.starts_with("nova_"), "{out}");
+
+    let (code, out, stderr) = nova_cli(&["token", "list"], &[("NOVA_TOKEN", ROOT)]);
+    assert_eq!(code, Some(0), "{stderr}");
+    assert!(
+        out.contains("bucket:apps:read,write") && out.contains("cli") && !out.contains(&token),
+        "{out}"
+    );
+
+    expect(
+        &nova,
+        Some(ROOT),
+        "POST",
+        "/v1/buckets/apps",
+        Some(&json!({"create_stream_on_append": true})),
+        201,
+    );
+    let (code, _, stderr) = nova_cli(&["tail", "nova://apps/k"], &[("NOVA_TOKEN", &token)]);
+    assert_eq!(code, Some(1), "the stream does not exist yet, and the token may read it: {stderr}");
+    assert!(stderr.contains("not_found"), "{stderr}");
+    let (code, _, stderr) = nova_cli(&["bucket", "delete", "apps"], &[("NOVA_TOKEN", &token)]);
+    assert_eq!(code, Some(1));
+    assert!(stderr.contains("permission_denied") && stderr.contains("no admin grant"), "{stderr}");
+
+    let id = token.split('_').nth(1).expect("the id");
+    let (code, out, stderr) = nova_cli(&["token", "revoke", id], &[("NOVA_TOKEN", ROOT)]);
+    assert_eq!(code, Some(0), "{stderr}");
+    assert!(out.contains(&format!("revoked token {id}")), "{out}");
+    let (code, _, stderr) = nova_cli(&["tail", "nova://apps/k"], &[("NOVA_TOKEN", &token)]);
+    assert_eq!(code, Some(1));
+    assert!(stderr.contains("unauthenticated"), "{stderr}");
+}
+
+#[test]
+fn the_client_appends_reads_and_subscribes_with_its_token() {
+    use net::client::{Address, Batch, Client, Conditions, ReadOptions, SubscriptionEvent};
+    let dir = tempfile::tempdir().expect("temp dir");
+    let nova = start(dir.path());
+    expect(
+        &nova,
+        Some(ROOT),
+        "POST",
+        "/v1/buckets/apps",
+        Some(&json!({"create_stream_on_append": true})),
+        201,
+    );
+    let (token, _) = issue(&nova, &["bucket:apps:read,write"]);
+    let address = Address::new("apps", "orders");
+    let anonymous = Client::new(&nova.url).expect("client");
+    let refused = anonymous.check_tail(&address).expect_err("no token");
+    assert_eq!(refused.code(), Some("unauthenticated"), "{refused}");
+    let client = Client::new(&nova.url).expect("client").with_token(Some(token));
+    let mut batch = Batch::new();
+    for body in ["one", "two"] {
+        batch.push::<&str, &str>(&[], body.as_bytes()).expect("a record");
+    }
+    client.append(&address, &batch, &Conditions::default()).expect("append with the token");
+    let mut session = client.append_session(&address, 4).expect("a session");
+    session.submit(&batch, &Conditions::default()).expect("submit");
+    let ack = session.recv().expect("an ack");
+    assert!(ack.result.is_ok(), "{:?}", ack.result);
+    let page = client.read(&address, &ReadOptions::default()).expect("read");
+    assert_eq!(page.records.len(), 4);
+    for sse in [false, true] {
+        let mut subscription =
+            client.subscribe(&address, &ReadOptions::default(), sse).expect("subscribe");
+        match subscription.next().expect("an event").expect("no error") {
+            SubscriptionEvent::Records { records, .. } => assert_eq!(records[0].body, b"one"),
+            other => panic!("records first, not {other:?}"),
+        }
+    }
+}
