@@ -267,12 +267,14 @@ async fn route(shared: &Rc<Shared>, request: Request<Incoming>) -> (&'static str
                     if let Some(denied) = allowed(Op::Read, stream) {
                         ("read", Err(denied))
                     } else if accepts(&request, "text/event-stream") {
-                        let answer =
-                            crate::subscribe::subscribe(shared, bucket, key, &request, false);
+                        let answer = crate::subscribe::subscribe(
+                            shared, &caller, bucket, key, &request, false,
+                        );
                         ("subscribe", answer.await)
                     } else if accepts_binary_subscription(&request) {
-                        let answer =
-                            crate::subscribe::subscribe(shared, bucket, key, &request, true);
+                        let answer = crate::subscribe::subscribe(
+                            shared, &caller, bucket, key, &request, true,
+                        );
                         ("subscribe", answer.await)
                     } else {
                         ("read", read(shared, bucket, key, &request).await)
@@ -329,7 +331,7 @@ fn authenticate(shared: &Shared, request: &Request<Incoming>) -> Result<Caller, 
     }
 }
 
-fn now_ms() -> u64 {
+pub fn now_ms() -> u64 {
     std::time::SystemTime::now()
         .duration_since(std::time::UNIX_EPOCH)
         .map_or(0, |since| u64::try_from(since.as_millis()).unwrap_or(u64::MAX))

@@ -150,14 +150,33 @@ impl Auth {
             self.read_table(|table| table.as_ref().and_then(|t| t.get(id)).cloned())
         });
         match found {
-            Some(record) if bool::from(hash.ct_eq(&record.hash)) => match record.expires_at_ms {
-                Some(at) if at <= now_ms => Err(unauthenticated(format!(
-                    "token {} expired at {at} (unix ms); ask an admin for a new one",
-                    record.id
-                ))),
-                _ => Ok(Caller::Token(record)),
-            },
+            Some(record) if bool::from(hash.ct_eq(&record.hash)) => {
+                let caller = Caller::Token(record);
+                self.still_valid(&caller, now_ms)?;
+                Ok(caller)
+            }
             _ => Err(unauthenticated("the token is not one this server knows (or it was revoked)")),
+        }
+    }
+
+    /// Whether `caller`, authenticated earlier, still holds: its token neither revoked
+    /// nor expired since (a subscription asks before each page).
+    pub fn still_valid(&self, caller: &Caller, now_ms: u64) -> Result<(), ApiError> {
+        let Caller::Token(record) = caller else {
+            return Ok(());
+        };
+        let held = self.read_table(|table| {
+            table.as_ref().and_then(|t| t.get(&record.id)).is_some_and(|r| Arc::ptr_eq(r, record))
+        });
+        if !held {
+            return Err(unauthenticated(format!("token {} was revoked", record.id)));
+        }
+        match record.expires_at_ms {
+            Some(at) if at <= now_ms => Err(unauthenticated(format!(
+                "token {} expired at {at} (unix ms); ask an admin for a new one",
+                record.id
+            ))),
+            _ => Ok(()),
         }
     }
 

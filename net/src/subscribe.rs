@@ -10,7 +10,8 @@
 //! frames as the chunk holds them, heartbeat frames with the tail, an end frame, an error
 //! frame. `Last-Event-ID` resumes right after the sequence number it names and wins over
 //! `seq_num`. A start past the tail is an ordinary 416 before any event. Pages after the
-//! first never create the stream, so deleting it ends the subscription.
+//! first never create the stream, so deleting it ends the subscription, and a token
+//! revoked or expired since the subscription began ends it with unauthenticated.
 //!
 //! Memory per subscriber is bounded: events go through a channel of
 //! [`EVENTS_QUEUED_MAX`] events of at most one page each (1 MiB of content for SSE,
@@ -32,6 +33,7 @@ use hyper::{Request, Response};
 use serde_json::{Value, json};
 
 use crate::api::{self, Shared};
+use crate::auth::Caller;
 use crate::body::Body;
 use crate::error::{ApiError, position};
 use crate::wire::{self, Encoding};
@@ -99,6 +101,7 @@ impl Left {
 
 pub async fn subscribe(
     shared: &Rc<Shared>,
+    caller: &Caller,
     bucket: &BucketName,
     key: &StreamKey,
     request: &Request<Incoming>,
@@ -131,6 +134,7 @@ pub async fn subscribe(
         shared: Rc::clone(shared),
         bucket: bucket.clone(),
         key: key.clone(),
+        caller: caller.clone(),
         wire,
         left,
         events,
@@ -148,6 +152,8 @@ struct Subscription {
     shared: Rc<Shared>,
     bucket: BucketName,
     key: StreamKey,
+    /// Checked again before each page: a revoked or expired token ends the subscription.
+    caller: Caller,
     wire: Wire,
     left: Left,
     events: flume::Sender<Bytes>,
@@ -260,9 +266,19 @@ impl Subscription {
             let wait = heartbeat.saturating_sub(last_event.elapsed());
             let wait = Some(wait).filter(|w| !w.is_zero());
             let next = self.left.request(self.wire, ReadStart::SeqNum(next_seq_num), false, wait);
-            page = match self.shared.client.read_existing(&self.bucket, &self.key, next).await {
-                Ok(page) => page,
-                Err(error) => {
+            let read = self.shared.client.read_existing(&self.bucket, &self.key, next).await;
+            // The caller's token is checked again before anything read since goes out.
+            let still = match &self.shared.auth {
+                Some(auth) => auth.still_valid(&self.caller, api::now_ms()),
+                None => Ok(()),
+            };
+            page = match (read, still) {
+                (Ok(page), Ok(())) => page,
+                (_, Err(error)) => {
+                    self.send(self.error(&error)).await;
+                    return;
+                }
+                (Err(error), Ok(())) => {
                     self.send(self.error(&ApiError::from_engine(&error))).await;
                     return;
                 }

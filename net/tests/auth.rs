@@ -388,7 +388,7 @@ fn the_client_appends_reads_and_subscribes_with_its_token() {
         Some(&json!({"create_stream_on_append": true})),
         201,
     );
-    let (token, _) = issue(&nova, &["bucket:apps:read,write"]);
+    let (token, id) = issue(&nova, &["bucket:apps:read,write"]);
     let address = Address::new("apps", "orders");
     let anonymous = Client::new(&nova.url).expect("client");
     let refused = anonymous.check_tail(&address).expect_err("no token");
@@ -405,6 +405,7 @@ fn the_client_appends_reads_and_subscribes_with_its_token() {
     assert!(ack.result.is_ok(), "{:?}", ack.result);
     let page = client.read(&address, &ReadOptions::default()).expect("read");
     assert_eq!(page.records.len(), 4);
+    let mut subscriptions = Vec::new();
     for sse in [false, true] {
         let mut subscription =
             client.subscribe(&address, &ReadOptions::default(), sse).expect("subscribe");
@@ -412,5 +413,28 @@ fn the_client_appends_reads_and_subscribes_with_its_token() {
             SubscriptionEvent::Records { records, .. } => assert_eq!(records[0].body, b"one"),
             other => panic!("records first, not {other:?}"),
         }
+        subscriptions.push(subscription);
+    }
+
+    // Revoked, the token ends both live subscriptions: nothing appended since reaches them.
+    expect(&nova, Some(ROOT), "DELETE", &format!("/v1/tokens/{id}"), None, 204);
+    let after = json!({"records": [{"body": "after"}]});
+    let ack =
+        expect(&nova, Some(ROOT), "POST", "/v1/streams/apps/orders/records", Some(&after), 200);
+    let revoked_at = ack["start"]["seq_num"].as_u64().expect("the append's seq_num");
+    for mut subscription in subscriptions {
+        // Records read before the revocation may still be on their way; none after it.
+        let error = loop {
+            match subscription.next().expect("an event before the end") {
+                Ok(SubscriptionEvent::Heartbeat { .. }) => continue,
+                Ok(SubscriptionEvent::Records { records, .. }) => assert!(
+                    records.iter().all(|r| r.seq_num < revoked_at),
+                    "a record appended after the revocation was delivered: {records:?}"
+                ),
+                Err(error) => break error,
+            }
+        };
+        assert_eq!(error.code(), Some("unauthenticated"), "{error}");
+        assert!(error.to_string().contains("was revoked"), "{error}");
     }
 }
