@@ -15,8 +15,14 @@
 //! update, reconfigure, delete). Fleet-wide requests (ListBuckets, `/metrics`, tokens)
 //! need a `*:*` grant.
 //!
-//! This module owns the grammar and the covering rule. It never sees a token or a request
-//! (that is the HTTP server's) and never stores anything (the control plane's token rows).
+//! The grammar is a persisted format: token rows store each grant as the text
+//! [`Grant`]'s `Display` writes (golden vectors in `engine/testdata/control_rows.txt`), and
+//! a row whose grant no longer parses is corrupt. Widen the grammar freely; never narrow
+//! it.
+//!
+//! This module owns the grammar, the covering rule and the token limits. It never sees a
+//! token or a request (that is the HTTP server's) and never stores anything (the control
+//! plane's token rows).
 
 use std::fmt;
 
@@ -27,24 +33,30 @@ use crate::names::{BucketName, STREAM_KEY_BYTES_MAX};
 pub const GRANTS_PER_TOKEN_MAX: usize = 64;
 /// Bytes of a token's description.
 pub const TOKEN_DESCRIPTION_BYTES_MAX: usize = 256;
+/// The longest lifetime a token may be issued with: ten years.
+pub const TOKEN_LIFETIME_SECONDS_MAX: u64 = 10 * 365 * 24 * 3600;
+/// Bytes of a root token, inclusive: long enough to be unguessable.
+pub const ROOT_TOKEN_BYTES_MIN: usize = 16;
+/// Bytes of a root token, inclusive.
+pub const ROOT_TOKEN_BYTES_MAX: usize = 4096;
 
-/// An operation group.
+/// An operation group: what a request does to its target.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 #[repr(u8)]
-pub enum Op {
+pub enum Access {
     Read = 1,
     Write = 2,
     Admin = 4,
 }
 
-impl Op {
-    pub const ALL: [Op; 3] = [Op::Read, Op::Write, Op::Admin];
+impl Access {
+    pub const ALL: [Access; 3] = [Access::Read, Access::Write, Access::Admin];
 
     pub const fn as_str(self) -> &'static str {
         match self {
-            Op::Read => "read",
-            Op::Write => "write",
-            Op::Admin => "admin",
+            Access::Read => "read",
+            Access::Write => "write",
+            Access::Admin => "admin",
         }
     }
 }
@@ -78,7 +90,7 @@ pub enum Target<'a> {
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct Grant {
     pub resource: Resource,
-    /// A set of [`Op`] bits, never empty.
+    /// A set of [`Access`] bits, never empty.
     ops: u8,
 }
 
@@ -98,7 +110,7 @@ impl Grant {
             text.rsplit_once(':').ok_or_else(|| refuse("it has no operations"))?;
         let mut ops = 0u8;
         for word in ops_text.split(',') {
-            let op = Op::ALL
+            let op = Access::ALL
                 .into_iter()
                 .find(|op| op.as_str() == word)
                 .ok_or_else(|| refuse(&format!("unknown operation {word:?}")))?;
@@ -132,12 +144,31 @@ impl Grant {
     }
 
     /// Whether the grant allows `op`.
-    pub fn allows(&self, op: Op) -> bool {
+    pub fn allows(&self, op: Access) -> bool {
         self.ops & op as u8 != 0
     }
 
+    /// Whether every request `other` covers, this grant covers too: an issuer may hand
+    /// out only what it holds.
+    pub fn includes(&self, other: &Grant) -> bool {
+        other.ops & !self.ops == 0
+            && match (&self.resource, &other.resource) {
+                (Resource::Fleet, _) => true,
+                (Resource::Bucket(mine), Resource::Bucket(theirs))
+                | (Resource::Bucket(mine), Resource::Streams { bucket: theirs, .. }) => {
+                    mine == theirs
+                }
+                (
+                    Resource::Streams { bucket: mine, prefix: my_prefix },
+                    Resource::Streams { bucket: theirs, prefix },
+                ) => mine == theirs && prefix.starts_with(my_prefix.as_str()),
+                (Resource::Bucket(_) | Resource::Streams { .. }, Resource::Fleet)
+                | (Resource::Streams { .. }, Resource::Bucket(_)) => false,
+            }
+    }
+
     /// Whether the grant allows `op` on `target`.
-    pub fn covers(&self, op: Op, target: Target<'_>) -> bool {
+    pub fn covers(&self, op: Access, target: Target<'_>) -> bool {
         self.allows(op)
             && match (&self.resource, target) {
                 (Resource::Fleet, _) => true,
@@ -164,7 +195,7 @@ impl fmt::Display for Grant {
             }
         }
         let mut separator = ':';
-        for op in Op::ALL.into_iter().filter(|op| self.allows(*op)) {
+        for op in Access::ALL.into_iter().filter(|op| self.allows(*op)) {
             write!(f, "{separator}{}", op.as_str())?;
             separator = ',';
         }
@@ -186,7 +217,7 @@ pub fn parse_grants<S: AsRef<str>>(texts: &[S]) -> Result<Vec<Grant>> {
 }
 
 /// A token as the control plane keeps it: never the token itself, only its SHA-256.
-#[derive(Clone, Debug, PartialEq, Eq)]
+#[derive(Clone, PartialEq, Eq)]
 pub struct TokenRecord {
     /// The public part of the token, which names it in lists and revocations.
     pub id: String,
@@ -197,6 +228,20 @@ pub struct TokenRecord {
     /// None: never expires.
     pub expires_at_ms: Option<u64>,
     pub description: String,
+}
+
+impl fmt::Debug for TokenRecord {
+    /// Without the hash: Debug output ends up in logs.
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        let grants: Vec<String> = self.grants.iter().map(ToString::to_string).collect();
+        f.debug_struct("TokenRecord")
+            .field("id", &self.id)
+            .field("grants", &grants)
+            .field("created_at_ms", &self.created_at_ms)
+            .field("expires_at_ms", &self.expires_at_ms)
+            .field("description", &self.description)
+            .finish_non_exhaustive()
+    }
 }
 
 #[cfg(test)]
@@ -266,24 +311,49 @@ mod tests {
     fn covers_what_the_resource_reaches_with_the_ops_it_names() {
         let (apps, other) = (bucket("apps"), bucket("other"));
         let fleet = Grant::parse("*:*:read").expect("grant");
-        assert!(fleet.covers(Op::Read, Target::Fleet));
-        assert!(fleet.covers(Op::Read, Target::Stream(&other, "x")));
-        assert!(!fleet.covers(Op::Write, Target::Stream(&other, "x")));
+        assert!(fleet.covers(Access::Read, Target::Fleet));
+        assert!(fleet.covers(Access::Read, Target::Stream(&other, "x")));
+        assert!(!fleet.covers(Access::Write, Target::Stream(&other, "x")));
 
         let whole = Grant::parse("bucket:apps:write,admin").expect("grant");
-        assert!(whole.covers(Op::Admin, Target::Bucket(&apps)));
-        assert!(whole.covers(Op::Write, Target::Stream(&apps, "any")));
-        assert!(!whole.covers(Op::Read, Target::Stream(&apps, "any")));
-        assert!(!whole.covers(Op::Write, Target::Stream(&other, "any")));
-        assert!(!whole.covers(Op::Admin, Target::Fleet));
+        assert!(whole.covers(Access::Admin, Target::Bucket(&apps)));
+        assert!(whole.covers(Access::Write, Target::Stream(&apps, "any")));
+        assert!(!whole.covers(Access::Read, Target::Stream(&apps, "any")));
+        assert!(!whole.covers(Access::Write, Target::Stream(&other, "any")));
+        assert!(!whole.covers(Access::Admin, Target::Fleet));
 
         let some = Grant::parse("stream:apps/orders/:read").expect("grant");
-        assert!(some.covers(Op::Read, Target::Stream(&apps, "orders/eu")));
-        assert!(!some.covers(Op::Read, Target::Stream(&apps, "orders")));
-        assert!(!some.covers(Op::Read, Target::Stream(&other, "orders/eu")));
-        assert!(!some.covers(Op::Read, Target::Bucket(&apps)));
-        assert!(some.covers(Op::Read, Target::Listing(&apps, "orders/eu")));
-        assert!(!some.covers(Op::Read, Target::Listing(&apps, "")));
+        assert!(some.covers(Access::Read, Target::Stream(&apps, "orders/eu")));
+        assert!(!some.covers(Access::Read, Target::Stream(&apps, "orders")));
+        assert!(!some.covers(Access::Read, Target::Stream(&other, "orders/eu")));
+        assert!(!some.covers(Access::Read, Target::Bucket(&apps)));
+        assert!(some.covers(Access::Read, Target::Listing(&apps, "orders/eu")));
+        assert!(!some.covers(Access::Read, Target::Listing(&apps, "")));
+
+        let reader = Grant::parse("bucket:apps:read").expect("grant");
+        assert!(reader.covers(Access::Read, Target::Listing(&apps, "")));
+        assert!(!reader.covers(Access::Read, Target::Listing(&other, "")));
+    }
+
+    #[test]
+    fn a_grant_includes_only_narrower_resources_with_fewer_operations() {
+        let grant = |text: &str| Grant::parse(text).expect(text);
+        let fleet = grant("*:*:read,admin");
+        assert!(fleet.includes(&grant("*:*:read")));
+        assert!(fleet.includes(&grant("bucket:apps:read,admin")));
+        assert!(!fleet.includes(&grant("*:*:write")), "an operation it lacks");
+        assert!(!fleet.includes(&grant("bucket:apps:read,write")));
+
+        let bucket = grant("bucket:apps:read,write");
+        assert!(bucket.includes(&grant("stream:apps/orders/:write")));
+        assert!(bucket.includes(&grant("bucket:apps:read")));
+        assert!(!bucket.includes(&grant("bucket:other:read")));
+        assert!(!bucket.includes(&grant("*:*:read")));
+
+        let streams = grant("stream:apps/orders/:read");
+        assert!(streams.includes(&grant("stream:apps/orders/eu:read")));
+        assert!(!streams.includes(&grant("stream:apps/order:read")), "a wider prefix");
+        assert!(!streams.includes(&grant("bucket:apps:read")));
     }
 
     proptest! {
@@ -297,7 +367,7 @@ mod tests {
             ops in 1u8..8,
         ) {
             let words: Vec<&str> =
-                Op::ALL.into_iter().filter(|op| ops & *op as u8 != 0).map(Op::as_str).collect();
+                Access::ALL.into_iter().filter(|op| ops & *op as u8 != 0).map(Access::as_str).collect();
             let text = format!("{resource}:{}", words.join(","));
             let grant = Grant::parse(&text).expect("a well-formed grant");
             prop_assert_eq!(grant.to_string(), text.clone());

@@ -157,7 +157,8 @@ pub fn run(
     let client = Client::new(&url)
         .map_err(|e| format!("--url {url}: {e}"))?
         .with_format(config.format)
-        .with_token(std::env::var("NOVA_TOKEN").ok());
+        .with_token(std::env::var("NOVA_TOKEN").ok())
+        .map_err(|e| format!("NOVA_TOKEN: {e}"))?;
     let specs = create_streams(&client, &config)?;
     on_target(&url);
 

@@ -10,11 +10,11 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use bytes::Bytes;
-use engine::auth::{Op, Target};
+use engine::auth::{Access, Target};
 use engine::framing::{self, FramedBody};
 use engine::limits::{
-    READ_PAGE_BYTES_MAX_BINARY, READ_PAGE_BYTES_MAX_JSON, READ_PAGE_RECORDS_MAX_BINARY,
-    READ_PAGE_RECORDS_MAX_JSON, READ_WAIT_SECONDS_MAX,
+    LIST_PAGE_MAX, READ_PAGE_BYTES_MAX_BINARY, READ_PAGE_BYTES_MAX_JSON,
+    READ_PAGE_RECORDS_MAX_BINARY, READ_PAGE_RECORDS_MAX_JSON, READ_WAIT_SECONDS_MAX,
 };
 use engine::names::{BucketName, StreamKey};
 use engine::node::{Client, ServiceStop};
@@ -27,7 +27,7 @@ use hyper::{Method, Request, Response, StatusCode};
 use percent_encoding::percent_decode_str;
 use serde_json::{Value, json};
 
-use crate::auth::{Auth, Caller};
+use crate::auth::{Auth, Caller, CallerCache};
 use crate::body::Body;
 use crate::error::{ApiError, position};
 use crate::metrics::Metrics;
@@ -66,6 +66,7 @@ pub struct Shared {
 /// Serves one request: route, answer, request id, log line, count.
 pub async fn handle(
     shared: Rc<Shared>,
+    callers: Rc<CallerCache>,
     request: Request<Incoming>,
 ) -> Result<Response<Body>, Infallible> {
     let started = Instant::now();
@@ -73,7 +74,7 @@ pub async fn handle(
     let request_id = request_id(&shared, &request);
     let method = request.method().clone();
     let path = request.uri().path().to_owned();
-    let (route, answer) = route(&shared, request).await;
+    let (route, answer) = route(&shared, &callers, request).await;
     let mut response = answer.unwrap_or_else(error_response);
     if let Ok(value) = HeaderValue::from_str(&request_id) {
         for name in REQUEST_ID_HEADERS {
@@ -153,7 +154,11 @@ fn no_content() -> Answer {
     Ok(response)
 }
 
-async fn route(shared: &Rc<Shared>, request: Request<Incoming>) -> (&'static str, Answer) {
+async fn route(
+    shared: &Rc<Shared>,
+    callers: &CallerCache,
+    request: Request<Incoming>,
+) -> (&'static str, Answer) {
     let method = request.method().clone();
     let path = request.uri().path().to_owned();
     let segments: Vec<&str> = path.trim_start_matches('/').split('/').collect();
@@ -162,7 +167,7 @@ async fn route(shared: &Rc<Shared>, request: Request<Incoming>) -> (&'static str
     // Who is calling comes first: a caller without a valid token learns nothing else.
     let caller = match segments.as_slice() {
         ["health"] => Caller::Anyone,
-        _ => match authenticate(shared, &request) {
+        _ => match authenticate(shared, callers, &request) {
             Ok(caller) => caller,
             Err(error) => return ("unauthenticated", Err(error)),
         },
@@ -173,9 +178,10 @@ async fn route(shared: &Rc<Shared>, request: Request<Incoming>) -> (&'static str
     // What stops a verb before it runs: a missing grant, then a refused query. Grants are
     // checked before anything is looked up, so a refusal never tells whether the target
     // exists.
-    let gate =
-        |op: Op, target: Target<'_>| caller.may(op, target).err().or_else(|| refused.clone());
-    let allowed = |op: Op, target: Target<'_>| caller.may(op, target).err();
+    let gate = |access: Access, target: Target<'_>| {
+        caller.may(access, target).err().or_else(|| refused.clone())
+    };
+    let denied = |access: Access, target: Target<'_>| caller.may(access, target).err();
     match segments.as_slice() {
         ["health"] => (
             "health",
@@ -187,7 +193,7 @@ async fn route(shared: &Rc<Shared>, request: Request<Incoming>) -> (&'static str
         ["metrics"] => (
             "metrics",
             match method {
-                Method::GET => bare(gate(Op::Read, Target::Fleet), metrics(shared)).await,
+                Method::GET => bare(gate(Access::Read, Target::Fleet), metrics(shared)).await,
                 _ => not_allowed("GET"),
             },
         ),
@@ -195,7 +201,7 @@ async fn route(shared: &Rc<Shared>, request: Request<Incoming>) -> (&'static str
             "list_buckets",
             match method {
                 Method::GET => {
-                    bare(allowed(Op::Read, Target::Fleet), list_buckets(shared, &request)).await
+                    bare(denied(Access::Read, Target::Fleet), list_buckets(shared, &request)).await
                 }
                 _ => not_allowed("GET"),
             },
@@ -205,8 +211,10 @@ async fn route(shared: &Rc<Shared>, request: Request<Incoming>) -> (&'static str
                 Ok(bucket) => bucket,
                 Err(error) => return ("bucket", Err(error)),
             };
-            let (admin, read) =
-                (gate(Op::Admin, Target::Bucket(&bucket)), gate(Op::Read, Target::Bucket(&bucket)));
+            let (admin, read) = (
+                gate(Access::Admin, Target::Bucket(&bucket)),
+                gate(Access::Read, Target::Bucket(&bucket)),
+            );
             match method {
                 Method::POST => {
                     ("create_bucket", bare(admin, create_bucket(shared, &bucket, request)).await)
@@ -244,27 +252,27 @@ async fn route(shared: &Rc<Shared>, request: Request<Incoming>) -> (&'static str
             match (rest.first().copied(), method.clone()) {
                 (None, Method::POST) => {
                     let verb = create_stream(shared, bucket, key, request);
-                    ("create_stream", bare(gate(Op::Admin, stream), verb).await)
+                    ("create_stream", bare(gate(Access::Admin, stream), verb).await)
                 }
                 (None, Method::GET) => {
                     let verb = get_stream(shared, bucket, key);
-                    ("get_stream", bare(gate(Op::Read, stream), verb).await)
+                    ("get_stream", bare(gate(Access::Read, stream), verb).await)
                 }
                 (None, Method::PATCH) => {
                     let verb = reconfigure(shared, bucket, key, request);
-                    ("reconfigure_stream", bare(gate(Op::Admin, stream), verb).await)
+                    ("reconfigure_stream", bare(gate(Access::Admin, stream), verb).await)
                 }
                 (None, Method::DELETE) => {
                     let verb = delete_stream(shared, bucket, key);
-                    ("delete_stream", bare(gate(Op::Admin, stream), verb).await)
+                    ("delete_stream", bare(gate(Access::Admin, stream), verb).await)
                 }
                 (None, _) => ("stream", not_allowed("POST, GET, PATCH, DELETE")),
                 (Some("records"), Method::POST) => {
                     let verb = append(shared, bucket, key, request);
-                    ("append", bare(gate(Op::Write, stream), verb).await)
+                    ("append", bare(gate(Access::Write, stream), verb).await)
                 }
                 (Some("records"), Method::GET) => {
-                    if let Some(denied) = allowed(Op::Read, stream) {
+                    if let Some(denied) = denied(Access::Read, stream) {
                         ("read", Err(denied))
                     } else if accepts(&request, "text/event-stream") {
                         let answer = crate::subscribe::subscribe(
@@ -283,39 +291,44 @@ async fn route(shared: &Rc<Shared>, request: Request<Incoming>) -> (&'static str
                 (Some("records"), _) => ("records", not_allowed("POST, GET")),
                 (Some("tail"), Method::GET) => {
                     let verb = check_tail(shared, bucket, key);
-                    ("check_tail", bare(gate(Op::Read, stream), verb).await)
+                    ("check_tail", bare(gate(Access::Read, stream), verb).await)
                 }
                 (Some("tail"), _) => ("check_tail", not_allowed("GET")),
                 (Some("fence"), Method::POST) => (
                     "fence",
-                    bare(gate(Op::Write, stream), fence(shared, bucket, key, request)).await,
+                    bare(gate(Access::Write, stream), fence(shared, bucket, key, request)).await,
                 ),
                 (Some("fence"), _) => ("fence", not_allowed("POST")),
                 (Some("trim"), Method::POST) => (
                     "trim",
-                    bare(gate(Op::Write, stream), trim(shared, bucket, key, request)).await,
+                    bare(gate(Access::Write, stream), trim(shared, bucket, key, request)).await,
                 ),
                 (Some("trim"), _) => ("trim", not_allowed("POST")),
                 (Some("plan"), Method::GET) => {
                     let verb = plan(shared, bucket, key, &request);
-                    ("read_plan", bare(allowed(Op::Read, stream), verb).await)
+                    ("read_plan", bare(denied(Access::Read, stream), verb).await)
                 }
                 (Some("plan"), _) => ("read_plan", not_allowed("GET")),
                 _ => ("unknown", Err(ApiError::no_route(method.as_str(), &path))),
             }
         }
         ["v1", "tokens"] => {
-            let admin = gate(Op::Admin, Target::Fleet);
+            let admin = gate(Access::Admin, Target::Fleet);
             match method {
-                Method::POST => ("issue_token", bare(admin, issue_token(shared, request)).await),
-                Method::GET => ("list_tokens", bare(admin, list_tokens(shared)).await),
+                Method::POST => {
+                    ("issue_token", bare(admin, issue_token(shared, &caller, request)).await)
+                }
+                Method::GET => {
+                    let verb = list_tokens(shared, &request);
+                    ("list_tokens", bare(denied(Access::Admin, Target::Fleet), verb).await)
+                }
                 _ => ("tokens", not_allowed("POST, GET")),
             }
         }
         ["v1", "tokens", id] => match method {
             Method::DELETE => (
                 "revoke_token",
-                bare(gate(Op::Admin, Target::Fleet), revoke_token(shared, id)).await,
+                bare(gate(Access::Admin, Target::Fleet), revoke_token(shared, id)).await,
             ),
             _ => ("revoke_token", not_allowed("DELETE")),
         },
@@ -324,10 +337,14 @@ async fn route(shared: &Rc<Shared>, request: Request<Incoming>) -> (&'static str
 }
 
 /// The caller of a request: anyone when auth is off, else who its token names.
-fn authenticate(shared: &Shared, request: &Request<Incoming>) -> Result<Caller, ApiError> {
+fn authenticate(
+    shared: &Shared,
+    callers: &CallerCache,
+    request: &Request<Incoming>,
+) -> Result<Caller, ApiError> {
     match &shared.auth {
         None => Ok(Caller::Anyone),
-        Some(auth) => auth.authenticate(request.headers(), now_ms()),
+        Some(auth) => auth.authenticate(callers, request.headers(), now_ms()),
     }
 }
 
@@ -337,9 +354,10 @@ pub fn now_ms() -> u64 {
         .map_or(0, |since| u64::try_from(since.as_millis()).unwrap_or(u64::MAX))
 }
 
-/// Runs `verb` unless the request's query was `refused` (the verb takes no parameters).
-async fn bare(refused: Option<ApiError>, verb: impl Future<Output = Answer>) -> Answer {
-    match refused {
+/// Runs `verb` unless something stops it first: a missing grant, or a query parameter
+/// where the verb takes none.
+async fn bare(stop: Option<ApiError>, verb: impl Future<Output = Answer>) -> Answer {
+    match stop {
         Some(error) => Err(error),
         None => verb.await,
     }
@@ -578,24 +596,34 @@ fn token_table(shared: &Shared) -> Result<&Auth, ApiError> {
     })
 }
 
-async fn issue_token(shared: &Shared, request: Request<Incoming>) -> Answer {
+async fn issue_token(shared: &Shared, caller: &Caller, request: Request<Incoming>) -> Answer {
     let auth = token_table(shared)?;
     let body = read_body(request, shared.settings.body_bytes_max).await?;
     let asked = wire::token_request(&body)?;
     let now = now_ms();
     let expires_at_ms = asked.expires_in_seconds.map(|seconds| now.saturating_add(seconds * 1000));
-    let (record, token) = auth
-        .issue(shared.client.control(), asked.grants, now, expires_at_ms, asked.description)
-        .await?;
+    let control = shared.client.control();
+    let (record, token) =
+        auth.issue(control, caller, asked.grants, now, expires_at_ms, asked.description).await?;
     let mut answer = wire::token_json(&record);
     answer["token"] = json!(token);
     Ok(json_response(StatusCode::CREATED, &answer))
 }
 
-async fn list_tokens(shared: &Shared) -> Answer {
-    let tokens: Vec<Value> =
-        token_table(shared)?.list().iter().map(|t| wire::token_json(t)).collect();
-    ok(&json!({"tokens": tokens}))
+/// ListTokens pages like ListBuckets: `limit` (at most 1000) tokens after `start_after`.
+async fn list_tokens(shared: &Shared, request: &Request<Incoming>) -> Answer {
+    let auth = token_table(shared)?;
+    let pairs = query(request, &["limit", "start_after"])?;
+    let limit = match number_param(&pairs, "limit")? {
+        None => LIST_PAGE_MAX,
+        Some(limit) => u32::try_from(limit)
+            .ok()
+            .filter(|limit| (1..=LIST_PAGE_MAX).contains(limit))
+            .ok_or(engine::Error::ListLimitOutOfRange { limit, max: LIST_PAGE_MAX })?,
+    };
+    let (tokens, next) = auth.list(param(&pairs, "start_after"), limit as usize);
+    let tokens: Vec<Value> = tokens.iter().map(|t| wire::token_json(t)).collect();
+    ok(&json!({"tokens": tokens, "next": next.unwrap_or_default()}))
 }
 
 async fn revoke_token(shared: &Shared, id: &str) -> Answer {
@@ -614,7 +642,7 @@ async fn list_streams(
 ) -> Answer {
     let pairs = query(request, &["prefix", "start_after", "limit"])?;
     // A stream-prefix grant lists only under its prefix.
-    caller.may(Op::Read, Target::Listing(bucket, param(&pairs, "prefix").unwrap_or("")))?;
+    caller.may(Access::Read, Target::Listing(bucket, param(&pairs, "prefix").unwrap_or("")))?;
     let limit = number_param(&pairs, "limit")?;
     let page = shared
         .client

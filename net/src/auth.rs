@@ -3,23 +3,31 @@
 //!
 //! - Auth is on when the server has a root token (`--root-token-file`). The root token
 //!   holds every grant and is the only one that exists before any is issued.
-//! - Issued tokens are `nova_<id>_<secret>`: 8 random bytes of public ID (what lists and
-//!   revocations name) and 32 of secret, in hex. The node keeps only the SHA-256 of each
-//!   token, in its metadata (the control plane's token rows) and in memory.
-//! - A request's token is checked against the in-memory table every shard shares: no
-//!   metadata round trip on the hot path, and a revocation counts on every shard at once.
-//!   The hash comparisons are constant-time; only the public ID picks the row.
+//! - Issued tokens are `nova_<id>_<secret>`: 8 random bytes of public ID (what lists,
+//!   revocations and refusals name) and 32 of secret, in hex. The node keeps only the
+//!   SHA-256 of each token, in its metadata (the control plane's token rows) and in one
+//!   table in memory that every shard reads.
+//! - A request's token costs no metadata round trip, and on a kept-alive connection no
+//!   lock either: each connection caches the caller its last `Authorization` header
+//!   named ([`CallerCache`]), good until the table's generation moves (any issue or
+//!   revoke). A miss hashes the token and looks it up; the hash comparisons are
+//!   constant-time, and only the public ID picks the row.
 //! - Grants are checked before a verb touches anything, so a refusal never says whether
 //!   the resource exists.
 //!
-//! This module never decides what a grant covers (that is `engine::auth`) and never
-//! writes a token row itself other than through the control plane.
+//! This module never decides what a grant covers (that is `engine::auth`) and writes
+//! token rows only through the control plane.
 
-use std::collections::HashMap;
+use std::cell::RefCell;
+use std::collections::BTreeMap;
 use std::fmt;
-use std::sync::{Arc, RwLock};
+use std::rc::Rc;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::{Arc, RwLock, RwLockReadGuard, RwLockWriteGuard};
 
-use engine::auth::{Grant, Op, Target, TokenRecord};
+use engine::auth::{
+    Access, Grant, ROOT_TOKEN_BYTES_MAX, ROOT_TOKEN_BYTES_MIN, Target, TokenRecord,
+};
 use engine::control::ControlPlane;
 use engine::meta::RedbMetaStore;
 use hyper::HeaderMap;
@@ -29,39 +37,45 @@ use subtle::ConstantTimeEq as _;
 
 use crate::error::ApiError;
 
-/// Tokens a node keeps, the root token aside: issuing more is refused until some are
-/// revoked. Every shard holds the whole table in memory.
-pub const TOKENS_MAX: usize = 10_000;
-/// Bytes of a root token, inclusive: long enough to be unguessable.
-pub const ROOT_TOKEN_BYTES_MIN: usize = 16;
-/// Bytes of a root token, inclusive.
-pub const ROOT_TOKEN_BYTES_MAX: usize = 4096;
-
 const TOKEN_PREFIX: &str = "nova_";
 const ID_BYTES: usize = 8;
 const SECRET_BYTES: usize = 32;
+
+type Table = BTreeMap<String, Arc<TokenRecord>>;
 
 /// The node's tokens: the root token's hash and the issued tokens' table.
 pub struct Auth {
     root: [u8; 32],
     /// By ID. `None` until the first shard has loaded it from metadata.
-    tokens: RwLock<Option<HashMap<String, Arc<TokenRecord>>>>,
+    tokens: RwLock<Option<Table>>,
+    /// Moves with every change to `tokens`: what a connection's cached caller is checked
+    /// against.
+    generation: AtomicU64,
+    /// Unexpired issued tokens kept at most (`--tokens-max`).
+    tokens_max: usize,
 }
 
 impl fmt::Debug for Auth {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        f.write_str("Auth { .. }")
+        f.debug_struct("Auth").field("tokens_max", &self.tokens_max).finish_non_exhaustive()
     }
 }
 
 /// Who is calling.
 #[derive(Clone, Debug)]
 pub enum Caller {
-    /// Auth is off (a loopback server without a root token): every request is allowed.
+    /// No token was asked for: auth is off (a loopback server without a root token), or
+    /// the route needs none (`/health`). Every grant check passes.
     Anyone,
     Root,
-    Token(Arc<TokenRecord>),
+    /// An issued token: the connection's own copy of its record.
+    Token(Rc<TokenRecord>),
 }
+
+/// One connection's last caller: the `Authorization` header it came from and the token
+/// table's generation it was checked at.
+#[derive(Default)]
+pub struct CallerCache(RefCell<Option<(Vec<u8>, u64, Caller)>>);
 
 fn sha256(bytes: &[u8]) -> [u8; 32] {
     Sha256::digest(bytes).into()
@@ -75,10 +89,34 @@ fn unauthenticated(message: impl Into<String>) -> ApiError {
     ApiError::from_code(engine::Code::Unauthenticated, message)
 }
 
+fn expired(record: &TokenRecord, now_ms: u64) -> Option<ApiError> {
+    let at = record.expires_at_ms.filter(|at| *at <= now_ms)?;
+    Some(unauthenticated(format!(
+        "token {} expired at {at} (unix ms); ask an admin for a new one",
+        record.id
+    )))
+}
+
+/// Whether `text` can travel as a token in an `Authorization` header: visible ASCII.
+pub fn is_header_safe(text: &str) -> bool {
+    text.bytes().all(|b| (0x21..=0x7e).contains(&b))
+}
+
+/// Whether `id` is an issued token's ID: 16 lowercase hex digits.
+fn is_token_id(id: &str) -> bool {
+    id.len() == ID_BYTES * 2 && id.bytes().all(|b| matches!(b, b'0'..=b'9' | b'a'..=b'f'))
+}
+
+/// The public ID of an issued token's text; None for anything else (the root token).
+fn issued_id(token: &str) -> Option<&str> {
+    let (id, secret) = token.strip_prefix(TOKEN_PREFIX)?.split_once('_')?;
+    (is_token_id(id) && secret.len() == SECRET_BYTES * 2).then_some(id)
+}
+
 impl Auth {
     /// Auth with `root` as the root token, read from `flag`'s file (a trailing newline is
-    /// not part of it).
-    pub fn with_root_token(root: &str, flag: &str) -> Result<Auth, String> {
+    /// not part of it), keeping at most `tokens_max` issued tokens.
+    pub fn with_root_token(root: &str, flag: &str, tokens_max: usize) -> Result<Auth, String> {
         let root = root.trim_end_matches(['\n', '\r']);
         if !(ROOT_TOKEN_BYTES_MIN..=ROOT_TOKEN_BYTES_MAX).contains(&root.len()) {
             return Err(format!(
@@ -87,51 +125,79 @@ impl Auth {
                 root.len()
             ));
         }
-        if root.chars().any(|c| c.is_whitespace() || c.is_control()) {
+        if !is_header_safe(root) {
             return Err(format!(
-                "--{flag}: the root token must not contain spaces or control characters: it \
-                 travels in an Authorization header"
+                "--{flag}: the root token must be visible ASCII (no spaces, control characters \
+                 or other letters): it travels in an Authorization header"
             ));
         }
-        Ok(Auth { root: sha256(root.as_bytes()), tokens: RwLock::new(None) })
+        Ok(Auth {
+            root: sha256(root.as_bytes()),
+            tokens: RwLock::new(None),
+            generation: AtomicU64::new(0),
+            tokens_max,
+        })
     }
 
-    /// Loads the issued tokens from metadata, once: every shard calls this before it
-    /// serves, and the first table loaded is the one kept (no token can be issued or
-    /// revoked before some shard serves, so every load sees the same tokens).
+    fn read_table(&self) -> RwLockReadGuard<'_, Option<Table>> {
+        self.tokens.read().unwrap_or_else(|poisoned| poisoned.into_inner())
+    }
+
+    /// The table, to change it: the generation moves, so every cached caller is checked
+    /// again.
+    fn write_table(&self) -> RwLockWriteGuard<'_, Option<Table>> {
+        let table = self.tokens.write().unwrap_or_else(|poisoned| poisoned.into_inner());
+        self.generation.fetch_add(1, Ordering::AcqRel);
+        table
+    }
+
+    /// Loads the issued tokens from metadata. Every shard calls this before it serves,
+    /// and the first table loaded is the one kept: no token can be issued or revoked
+    /// before some shard serves, so every load sees the same tokens.
     pub async fn load(&self, control: &ControlPlane<RedbMetaStore>) -> engine::Result<()> {
-        if self.read_table(|table| table.is_some()) {
+        if self.read_table().is_some() {
             return Ok(());
         }
-        let mut table = HashMap::new();
+        let mut table = Table::new();
         let mut after: Option<String> = None;
         loop {
             let (page, more) = control.tokens_page(after.as_deref()).await?;
-            after = page.last().map(|token| token.id.clone());
+            let Some(last) = page.last() else { break };
+            after = Some(last.id.clone());
             table.extend(page.into_iter().map(|token| (token.id.clone(), Arc::new(token))));
             if !more {
                 break;
             }
         }
-        let mut tokens = self.tokens.write().unwrap_or_else(|poisoned| poisoned.into_inner());
-        tokens.get_or_insert(table);
+        self.write_table().get_or_insert(table);
         Ok(())
     }
 
-    fn read_table<T>(
+    /// The caller a request's `Authorization: Bearer <token>` header names, from the
+    /// connection's cache when the header and the table are as they were.
+    pub fn authenticate(
         &self,
-        read: impl FnOnce(&Option<HashMap<String, Arc<TokenRecord>>>) -> T,
-    ) -> T {
-        read(&self.tokens.read().unwrap_or_else(|poisoned| poisoned.into_inner()))
-    }
-
-    /// The caller a request's `Authorization: Bearer <token>` header names.
-    pub fn authenticate(&self, headers: &HeaderMap, now_ms: u64) -> Result<Caller, ApiError> {
+        cache: &CallerCache,
+        headers: &HeaderMap,
+        now_ms: u64,
+    ) -> Result<Caller, ApiError> {
         let value = headers.get(header::AUTHORIZATION).ok_or_else(|| {
             unauthenticated(
                 "this server needs a token: send the header Authorization: Bearer <token>",
             )
         })?;
+        let generation = self.generation.load(Ordering::Acquire);
+        if let Some((sent, at, caller)) = &*cache.0.borrow()
+            && *at == generation
+            && sent.as_slice() == value.as_bytes()
+        {
+            if let Caller::Token(record) = caller
+                && let Some(error) = expired(record, now_ms)
+            {
+                return Err(error);
+            }
+            return Ok(caller.clone());
+        }
         let token = value
             .to_str()
             .ok()
@@ -142,61 +208,62 @@ impl Auth {
             .ok_or_else(|| {
                 unauthenticated("header Authorization must be Bearer <token>, one token in text")
             })?;
+        let caller = self.caller_of(token, now_ms)?;
+        *cache.0.borrow_mut() = Some((value.as_bytes().to_vec(), generation, caller.clone()));
+        Ok(caller)
+    }
+
+    fn caller_of(&self, token: &str, now_ms: u64) -> Result<Caller, ApiError> {
         let hash = sha256(token.as_bytes());
         if bool::from(hash.ct_eq(&self.root)) {
             return Ok(Caller::Root);
         }
-        let found = issued_id(token).and_then(|id| {
-            self.read_table(|table| table.as_ref().and_then(|t| t.get(id)).cloned())
-        });
+        let found = issued_id(token)
+            .and_then(|id| self.read_table().as_ref().and_then(|table| table.get(id)).cloned());
         match found {
             Some(record) if bool::from(hash.ct_eq(&record.hash)) => {
-                let caller = Caller::Token(record);
-                self.still_valid(&caller, now_ms)?;
-                Ok(caller)
+                match expired(&record, now_ms) {
+                    Some(error) => Err(error),
+                    None => Ok(Caller::Token(Rc::new(TokenRecord::clone(&record)))),
+                }
             }
             _ => Err(unauthenticated("the token is not one this server knows (or it was revoked)")),
         }
     }
 
     /// Whether `caller`, authenticated earlier, still holds: its token neither revoked
-    /// nor expired since (a subscription asks before each page).
+    /// nor expired since (a subscription asks after each page).
     pub fn still_valid(&self, caller: &Caller, now_ms: u64) -> Result<(), ApiError> {
         let Caller::Token(record) = caller else {
             return Ok(());
         };
-        let held = self.read_table(|table| {
-            table.as_ref().and_then(|t| t.get(&record.id)).is_some_and(|r| Arc::ptr_eq(r, record))
-        });
+        let held = self
+            .read_table()
+            .as_ref()
+            .and_then(|table| table.get(&record.id))
+            .is_some_and(|held| held.hash == record.hash);
         if !held {
             return Err(unauthenticated(format!("token {} was revoked", record.id)));
         }
-        match record.expires_at_ms {
-            Some(at) if at <= now_ms => Err(unauthenticated(format!(
-                "token {} expired at {at} (unix ms); ask an admin for a new one",
-                record.id
-            ))),
-            _ => Ok(()),
-        }
+        expired(record, now_ms).map_or(Ok(()), Err)
     }
 
-    /// Issues a token: stores its hash and grants, and returns the record and the token,
-    /// which exists nowhere else from now on.
+    /// Issues a token for `issuer`: stores its hash and grants, and returns the record and
+    /// the token, which exists nowhere else from now on. An issued token never holds
+    /// more than its issuer: grants it includes, an expiry no later than its own.
     pub async fn issue(
         &self,
         control: &ControlPlane<RedbMetaStore>,
+        issuer: &Caller,
         grants: Vec<Grant>,
-        created_at_ms: u64,
+        now_ms: u64,
         expires_at_ms: Option<u64>,
         description: String,
     ) -> Result<(Arc<TokenRecord>, String), ApiError> {
-        let count = self.read_table(|table| table.as_ref().map_or(0, HashMap::len));
-        if count >= TOKENS_MAX {
-            return Err(ApiError::from_code(
-                engine::Code::ResourceExhausted,
-                format!("this node keeps at most {TOKENS_MAX} tokens; revoke some first"),
-            ));
+        if let Caller::Token(issuer) = issuer {
+            within(issuer, &grants, expires_at_ms)?;
         }
+        self.make_room(control, now_ms).await?;
         // An ID already taken is drawn again: at 64 random bits, in practice never.
         for _ in 0..engine::control::ATTEMPTS_MAX {
             let mut random = [0u8; ID_BYTES + SECRET_BYTES];
@@ -208,17 +275,16 @@ impl Auth {
                 id,
                 hash: sha256(token.as_bytes()),
                 grants: grants.clone(),
-                created_at_ms,
+                created_at_ms: now_ms,
                 expires_at_ms,
                 description: description.clone(),
             };
             match control.put_token(&record).await {
                 Ok(()) => {
                     let record = Arc::new(record);
-                    self.tokens
-                        .write()
-                        .unwrap_or_else(|poisoned| poisoned.into_inner())
-                        .get_or_insert_default()
+                    self.write_table()
+                        .as_mut()
+                        .expect("a shard serves only once the table is loaded")
                         .insert(record.id.clone(), Arc::clone(&record));
                     return Ok((record, token));
                 }
@@ -229,51 +295,120 @@ impl Auth {
         Err(ApiError::internal("could not draw an unused token ID"))
     }
 
+    /// Refuses an issue past `--tokens-max` unexpired tokens, after purging the expired
+    /// ones when the table is full. (Issues racing on several shards may pass the limit
+    /// by one each.)
+    async fn make_room(
+        &self,
+        control: &ControlPlane<RedbMetaStore>,
+        now_ms: u64,
+    ) -> Result<(), ApiError> {
+        let expired_ids: Vec<String> = {
+            let table = self.read_table();
+            let Some(table) = table.as_ref().filter(|t| t.len() >= self.tokens_max) else {
+                return Ok(());
+            };
+            table.values().filter(|t| expired(t, now_ms).is_some()).map(|t| t.id.clone()).collect()
+        };
+        for id in &expired_ids {
+            self.revoke(control, id).await?;
+        }
+        let kept = self.read_table().as_ref().map_or(0, Table::len);
+        if kept >= self.tokens_max {
+            return Err(ApiError::from_code(
+                engine::Code::FailedPrecondition,
+                format!(
+                    "this node keeps at most {} unexpired tokens (--tokens-max); revoke some first",
+                    self.tokens_max
+                ),
+            ));
+        }
+        Ok(())
+    }
+
     /// Revokes a token: from metadata, then from every shard's view at once.
     pub async fn revoke(
         &self,
         control: &ControlPlane<RedbMetaStore>,
         id: &str,
     ) -> Result<(), ApiError> {
-        let known = control.delete_token(id).await?;
-        let held = self
-            .tokens
-            .write()
-            .unwrap_or_else(|poisoned| poisoned.into_inner())
-            .as_mut()
-            .and_then(|table| table.remove(id))
-            .is_some();
-        if known || held {
-            Ok(())
-        } else {
-            Err(ApiError::from_code(engine::Code::NotFound, format!("no token has ID {id:?}")))
+        let unknown = || {
+            let id: String = id.chars().take(40).collect();
+            ApiError::from_code(engine::Code::NotFound, format!("no token has ID {id:?}"))
+        };
+        if !is_token_id(id) {
+            return Err(unknown());
         }
+        let known = control.delete_token(id).await?;
+        let held = self.write_table().as_mut().and_then(|table| table.remove(id)).is_some();
+        if known || held { Ok(()) } else { Err(unknown()) }
     }
 
-    /// Every issued token, in ID order.
-    pub fn list(&self) -> Vec<Arc<TokenRecord>> {
-        let mut tokens: Vec<Arc<TokenRecord>> =
-            self.read_table(|table| table.iter().flat_map(|t| t.values().cloned()).collect());
-        tokens.sort_unstable_by(|a, b| a.id.cmp(&b.id));
-        tokens
+    /// Up to `limit` issued tokens after the ID `after`, in ID order, and the last ID when
+    /// more follow.
+    pub fn list(
+        &self,
+        after: Option<&str>,
+        limit: usize,
+    ) -> (Vec<Arc<TokenRecord>>, Option<String>) {
+        let table = self.read_table();
+        let Some(table) = table.as_ref() else {
+            return (Vec::new(), None);
+        };
+        let mut tokens = table
+            .range::<str, _>((
+                after.map_or(std::ops::Bound::Unbounded, std::ops::Bound::Excluded),
+                std::ops::Bound::Unbounded,
+            ))
+            .map(|(_, token)| Arc::clone(token));
+        let page: Vec<Arc<TokenRecord>> = tokens.by_ref().take(limit).collect();
+        let next = match tokens.next() {
+            Some(_) => page.last().map(|token| token.id.clone()),
+            None => None,
+        };
+        (page, next)
     }
 }
 
-/// The public ID of an issued token's text; None for anything else (the root token).
-fn issued_id(token: &str) -> Option<&str> {
-    let (id, secret) = token.strip_prefix(TOKEN_PREFIX)?.split_once('_')?;
-    (id.len() == ID_BYTES * 2 && secret.len() == SECRET_BYTES * 2).then_some(id)
+/// Refuses grants or an expiry beyond what `issuer` holds.
+fn within(
+    issuer: &TokenRecord,
+    grants: &[Grant],
+    expires_at_ms: Option<u64>,
+) -> Result<(), ApiError> {
+    let refuse = |message: String| ApiError::from_code(engine::Code::PermissionDenied, message);
+    if let Some(wider) = grants.iter().find(|g| !issuer.grants.iter().any(|mine| mine.includes(g)))
+    {
+        return Err(refuse(format!(
+            "token {} cannot issue the grant {wider}: a token hands out only what its own \
+             grants include",
+            issuer.id
+        )));
+    }
+    match (issuer.expires_at_ms, expires_at_ms) {
+        (Some(own), None) => Err(refuse(format!(
+            "token {} expires at {own} (unix ms), so it issues only tokens that expire by \
+             then: give expires_in_seconds",
+            issuer.id
+        ))),
+        (Some(own), Some(asked)) if asked > own => Err(refuse(format!(
+            "token {} expires at {own} (unix ms), so it issues only tokens that expire by \
+             then, not at {asked}",
+            issuer.id
+        ))),
+        _ => Ok(()),
+    }
 }
 
 impl Caller {
-    /// Ok when the caller may do `op` on `target`; permission_denied otherwise, naming
-    /// the token and its grants (never whether the target exists).
-    pub fn may(&self, op: Op, target: Target<'_>) -> Result<(), ApiError> {
+    /// Ok when the caller may do `access` on `target`; permission_denied otherwise,
+    /// naming the token and its grants (never whether the target exists).
+    pub fn may(&self, access: Access, target: Target<'_>) -> Result<(), ApiError> {
         let token = match self {
             Caller::Anyone | Caller::Root => return Ok(()),
             Caller::Token(token) => token,
         };
-        if token.grants.iter().any(|grant| grant.covers(op, target)) {
+        if token.grants.iter().any(|grant| grant.covers(access, target)) {
             return Ok(());
         }
         let what = match target {
@@ -290,7 +425,7 @@ impl Caller {
             format!(
                 "token {} has no {} grant on {what}; its grants are {}",
                 token.id,
-                op.as_str(),
+                access.as_str(),
                 grants.join(" ")
             ),
         ))
@@ -308,65 +443,102 @@ mod tests {
         headers
     }
 
-    fn code(result: Result<Caller, ApiError>) -> &'static str {
-        result.expect_err("refused").code
+    fn authenticate(auth: &Auth, authorization: &str, now_ms: u64) -> Result<Caller, ApiError> {
+        auth.authenticate(&CallerCache::default(), &headers(authorization), now_ms)
     }
 
     #[test]
-    fn the_root_token_is_checked_by_its_hash_and_must_be_long_enough() {
-        let auth = Auth::with_root_token("0123456789abcdef\n", "root-token-file").unwrap();
-        assert!(matches!(
-            auth.authenticate(&headers("Bearer 0123456789abcdef"), 0),
-            Ok(Caller::Root)
-        ));
-        assert!(matches!(
-            auth.authenticate(&headers("bearer 0123456789abcdef"), 0),
-            Ok(Caller::Root)
-        ));
-        assert_eq!(
-            code(auth.authenticate(&headers("Bearer 0123456789abcdeF"), 0)),
-            "unauthenticated"
-        );
-        assert_eq!(
-            code(auth.authenticate(&headers("Basic 0123456789abcdef"), 0)),
-            "unauthenticated"
-        );
-        assert_eq!(code(auth.authenticate(&HeaderMap::new(), 0)), "unauthenticated");
-        let short = Auth::with_root_token("short", "root-token-file").unwrap_err();
+    fn the_root_token_is_checked_by_its_hash_and_must_be_usable_in_a_header() {
+        let auth = Auth::with_root_token("0123456789abcdef\n", "root-token-file", 10).unwrap();
+        assert!(matches!(authenticate(&auth, "Bearer 0123456789abcdef", 0), Ok(Caller::Root)));
+        assert!(matches!(authenticate(&auth, "bearer 0123456789abcdef", 0), Ok(Caller::Root)));
+        for wrong in ["Bearer 0123456789abcdeF", "Basic 0123456789abcdef"] {
+            assert_eq!(authenticate(&auth, wrong, 0).unwrap_err().code, "unauthenticated");
+        }
+        let none = auth.authenticate(&CallerCache::default(), &HeaderMap::new(), 0);
+        assert_eq!(none.unwrap_err().code, "unauthenticated");
+        let short = Auth::with_root_token("short", "root-token-file", 10).unwrap_err();
         assert!(short.contains("--root-token-file: the root token is 5 bytes"), "{short}");
-        let spaced = Auth::with_root_token("0123456789 abcdef", "root-token-file").unwrap_err();
-        assert!(spaced.contains("must not contain spaces"), "{spaced}");
+        for unusable in ["0123456789 abcdef", "0123456789abcdéf"] {
+            let refused = Auth::with_root_token(unusable, "root-token-file", 10).unwrap_err();
+            assert!(refused.contains("must be visible ASCII"), "{refused}");
+        }
+    }
+
+    fn table_with(auth: &Auth, token: &str, expires_at_ms: Option<u64>) -> String {
+        let id = issued_id(token).expect("an issued token").to_owned();
+        let record = TokenRecord {
+            id: id.clone(),
+            hash: sha256(token.as_bytes()),
+            grants: engine::auth::parse_grants(&["bucket:apps:read"]).unwrap(),
+            created_at_ms: 0,
+            expires_at_ms,
+            description: String::new(),
+        };
+        auth.write_table().get_or_insert_default().insert(id.clone(), Arc::new(record));
+        id
     }
 
     #[test]
     fn an_issued_token_is_found_by_its_id_and_matched_by_its_hash() {
-        let auth = Auth::with_root_token("0123456789abcdef", "f").unwrap();
+        let auth = Auth::with_root_token("0123456789abcdef", "f", 10).unwrap();
         let token = format!("nova_{}_{}", "ab".repeat(8), "cd".repeat(32));
-        let record = TokenRecord {
-            id: "ab".repeat(8),
-            hash: sha256(token.as_bytes()),
-            grants: engine::auth::parse_grants(&["bucket:apps:read"]).unwrap(),
-            created_at_ms: 0,
-            expires_at_ms: Some(1000),
-            description: String::new(),
-        };
-        *auth.tokens.write().unwrap() =
-            Some(HashMap::from([(record.id.clone(), Arc::new(record))]));
-        let caller = auth.authenticate(&headers(&format!("Bearer {token}")), 999).unwrap();
+        table_with(&auth, &token, Some(1000));
+        let caller = authenticate(&auth, &format!("Bearer {token}"), 999).unwrap();
         let apps = engine::names::BucketName::parse("apps").unwrap();
-        assert!(caller.may(Op::Read, Target::Stream(&apps, "k")).is_ok());
-        let denied = caller.may(Op::Write, Target::Stream(&apps, "k")).unwrap_err();
+        assert!(caller.may(Access::Read, Target::Stream(&apps, "k")).is_ok());
+        let denied = caller.may(Access::Write, Target::Stream(&apps, "k")).unwrap_err();
         assert_eq!(denied.code, "permission_denied");
         assert!(denied.message.contains("no write grant on stream apps/k"), "{}", denied.message);
-        let expired = auth.authenticate(&headers(&format!("Bearer {token}")), 1000).unwrap_err();
+        let expired = authenticate(&auth, &format!("Bearer {token}"), 1000).unwrap_err();
         assert!(expired.message.contains("expired at 1000"), "{}", expired.message);
         // The right ID with a wrong secret is unknown, exactly like an unknown ID.
         let forged = format!("nova_{}_{}", "ab".repeat(8), "ce".repeat(32));
         let unknown = format!("nova_{}_{}", "ac".repeat(8), "cd".repeat(32));
         let (a, b) = (
-            auth.authenticate(&headers(&format!("Bearer {forged}")), 0).unwrap_err(),
-            auth.authenticate(&headers(&format!("Bearer {unknown}")), 0).unwrap_err(),
+            authenticate(&auth, &format!("Bearer {forged}"), 0).unwrap_err(),
+            authenticate(&auth, &format!("Bearer {unknown}"), 0).unwrap_err(),
         );
         assert_eq!((a.code, &a.message), (b.code, &b.message));
+    }
+
+    #[test]
+    fn a_connection_keeps_its_caller_until_the_table_changes_or_the_token_expires() {
+        let auth = Auth::with_root_token("0123456789abcdef", "f", 10).unwrap();
+        let token = format!("nova_{}_{}", "ab".repeat(8), "cd".repeat(32));
+        let id = table_with(&auth, &token, Some(1000));
+        let (cache, sent) = (CallerCache::default(), headers(&format!("Bearer {token}")));
+        assert!(matches!(auth.authenticate(&cache, &sent, 0), Ok(Caller::Token(_))));
+        assert!(cache.0.borrow().is_some(), "cached");
+        // Cached, it still expires.
+        let expired = auth.authenticate(&cache, &sent, 1000).unwrap_err();
+        assert!(expired.message.contains("expired"), "{}", expired.message);
+        // A revocation moves the generation, so the cached caller is not used.
+        auth.write_table().as_mut().unwrap().remove(&id);
+        assert_eq!(auth.authenticate(&cache, &sent, 0).unwrap_err().code, "unauthenticated");
+        // Another header on the same connection is another caller.
+        let root = headers("Bearer 0123456789abcdef");
+        assert!(matches!(auth.authenticate(&cache, &root, 0), Ok(Caller::Root)));
+    }
+
+    #[test]
+    fn a_token_issues_only_grants_it_includes_and_an_expiry_within_its_own() {
+        let mut issuer = TokenRecord {
+            id: "ab".repeat(8),
+            hash: [0; 32],
+            grants: engine::auth::parse_grants(&["*:*:read,admin"]).unwrap(),
+            created_at_ms: 0,
+            expires_at_ms: None,
+            description: String::new(),
+        };
+        let grants = |texts: &[&str]| engine::auth::parse_grants(texts).unwrap();
+        assert!(within(&issuer, &grants(&["bucket:apps:read"]), None).is_ok());
+        let wider = within(&issuer, &grants(&["bucket:apps:read", "*:*:write"]), None);
+        assert!(wider.unwrap_err().message.contains("cannot issue the grant *:*:write"));
+        issuer.expires_at_ms = Some(5000);
+        assert!(within(&issuer, &grants(&["*:*:read"]), Some(5000)).is_ok());
+        assert!(within(&issuer, &grants(&["*:*:read"]), Some(5001)).is_err());
+        let forever = within(&issuer, &grants(&["*:*:read"]), None).unwrap_err();
+        assert!(forever.message.contains("give expires_in_seconds"), "{}", forever.message);
     }
 }

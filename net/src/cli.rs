@@ -82,9 +82,10 @@ const VERBS: &[(&str, &str, &str)] = &[
 
 fn usage() -> String {
     let mut text = String::from(
-        "nova: a durable stream store\n\nusage: nova [--server URL] [--auth-token T] [--json] VERB ...\n\
+        "nova: a durable stream store\n\nusage: nova [--server URL] [--auth-token-file F] [--json] VERB ...\n\
          --server defaults to $NOVA_SERVER when it is set and not empty, else http://127.0.0.1:8080\n\
-         --auth-token defaults to $NOVA_TOKEN; a server with auth on needs one (docs/auth.md)\n\
+         A server with auth on needs a token: the first line of --auth-token-file, else $NOVA_TOKEN\n\
+         (docs/auth.md).\n\
          In nova://B/K the key K is everything after the bucket, as written: `/` is part of it\n\
          and nothing is percent-decoded (nova://apps/orders/eu is the key orders/eu).\n\n",
     );
@@ -321,7 +322,7 @@ impl Args {
         for (name, _) in &self.flags {
             if !accepted.contains(&name.as_str())
                 && !option(name)
-                && !["json", "help", "server", "auth-token"].contains(&name.as_str())
+                && !["json", "help", "server", "auth-token-file"].contains(&name.as_str())
             {
                 return Err(usage_error(format!("unknown flag --{name}; see --help")));
             }
@@ -469,12 +470,22 @@ fn run(args: Vec<String>) -> Outcome {
         .map(str::to_owned)
         .or_else(|| std::env::var("NOVA_SERVER").ok().filter(|url| !url.is_empty()))
         .unwrap_or_else(|| "http://127.0.0.1:8080".to_owned());
-    // The token, like the server, from its flag or else the environment.
-    let token = args
-        .value("auth-token")
-        .map(str::to_owned)
-        .or_else(|| std::env::var("NOVA_TOKEN").ok().filter(|token| !token.is_empty()));
-    let client = Client::new(&url).map_err(|e| usage_error(e.to_string()))?.with_token(token);
+    // The token from a file (never a flag value, which `ps` and shell history show), or
+    // else the environment.
+    let token = match args.value("auth-token-file") {
+        Some(path) => Some(
+            std::fs::read_to_string(path)
+                .map_err(|e| {
+                    usage_error(format!("--auth-token-file {path:?} cannot be read: {e}"))
+                })?
+                .trim_end_matches(['\n', '\r'])
+                .to_owned(),
+        ),
+        None => std::env::var("NOVA_TOKEN").ok(),
+    };
+    let client = Client::new(&url)
+        .and_then(|client| client.with_token(token))
+        .map_err(|e| usage_error(e.to_string()))?;
     let session = Session { client, json: args.has("json") };
     let rest: Vec<&str> = match verb.as_slice() {
         ["bucket" | "stream" | "token", _, rest @ ..] => rest.to_vec(),

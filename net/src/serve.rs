@@ -19,11 +19,12 @@ use crate::server::{self, ServerConfig};
 /// The HTTP server's knobs; the engine's are `engine::node::engine_knobs()` and the S3
 /// store's [`S3_KNOBS`]. Together they are every knob (`tuning::KNOBS`), and `nova serve`
 /// takes each as a flag.
-pub const HTTP_KNOBS: [Knob; 4] = [
+pub const HTTP_KNOBS: [Knob; 5] = [
     tuning::HTTP_CONNECTIONS_MAX,
     tuning::HTTP_BODY_BYTES_MAX,
     tuning::HTTP_LOG_SLOW_MS,
     tuning::SSE_HEARTBEAT_MS,
+    tuning::TOKENS_MAX,
 ];
 
 /// The S3 store's transfer knobs (used with `--s3-bucket`).
@@ -174,7 +175,8 @@ fn auth(flags: &[(String, String)]) -> Result<Option<Arc<Auth>>, String> {
     }
     let root = std::fs::read_to_string(&path)
         .map_err(|e| format!("--{} {path:?} cannot be read: {e}", knob.flag))?;
-    Ok(Some(Arc::new(Auth::with_root_token(&root, knob.flag)?)))
+    let tokens_max = usize::try_from(self::knob(flags, tuning::TOKENS_MAX)?).unwrap_or(usize::MAX);
+    Ok(Some(Arc::new(Auth::with_root_token(&root, knob.flag, tokens_max)?)))
 }
 
 /// The cores this process may run on.
@@ -255,10 +257,18 @@ pub fn run(args: &[String]) -> Result<(), String> {
                 tuning::ROOT_TOKEN_FILE.flag
             ));
         }
-        (Some(_), false) => eprintln!(
-            "nova: authentication on: every request needs a token (--{})",
-            tuning::ROOT_TOKEN_FILE.flag
-        ),
+        (Some(_), false) => {
+            eprintln!(
+                "nova: authentication on: every request needs a token (--{})",
+                tuning::ROOT_TOKEN_FILE.flag
+            );
+            if !listen.ip().is_loopback() {
+                eprintln!(
+                    "nova: note: tokens cross the network in plain HTTP on {listen}; terminate \
+                     TLS in front of nova (docs/auth.md)"
+                );
+            }
+        }
         (None, false) if !listen.ip().is_loopback() => {
             return Err(format!(
                 "--listen {listen} is not a loopback address, and authentication is off: \

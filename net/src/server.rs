@@ -25,7 +25,7 @@ use hyper::server::conn::http1;
 use hyper::service::service_fn;
 
 use crate::api::{self, Settings, Shared};
-use crate::auth::Auth;
+use crate::auth::{Auth, CallerCache};
 use crate::io::Io;
 use crate::metrics::Metrics;
 
@@ -164,7 +164,10 @@ async fn connection(shared: Rc<Shared>, stream: TcpStream, permit: StaticPermit)
     shared.metrics.connection_opened(shared.shard);
     let _ = stream.set_nodelay(true);
     let handler = Rc::clone(&shared);
-    let service = service_fn(move |request| api::handle(Rc::clone(&handler), request));
+    // The connection's last caller, so a kept-alive connection's token is checked once.
+    let callers = Rc::new(CallerCache::default());
+    let service =
+        service_fn(move |request| api::handle(Rc::clone(&handler), Rc::clone(&callers), request));
     let mut connection =
         pin!(http1::Builder::new().keep_alive(true).serve_connection(Io::new(stream), service));
     let stopping = shared.stopping.clone();

@@ -10,7 +10,7 @@
 
 use base64::Engine as _;
 use base64::engine::general_purpose::STANDARD as BASE64;
-use engine::auth::{Grant, TOKEN_DESCRIPTION_BYTES_MAX, TokenRecord};
+use engine::auth::{Grant, TOKEN_DESCRIPTION_BYTES_MAX, TOKEN_LIFETIME_SECONDS_MAX, TokenRecord};
 use engine::control::{BucketRecord, StreamRecord};
 use engine::framing::{AppendBuilder, AppendConditions, Frame, decode_frame};
 use engine::limits::FENCING_TOKEN_BYTES_MAX;
@@ -487,9 +487,6 @@ mod tests {
 }
 
 // ---- Tokens ---------------------------------------------------------------------------
-
-/// The longest lifetime a token may be issued with: ten years.
-pub const TOKEN_LIFETIME_SECONDS_MAX: u64 = 10 * 365 * 24 * 3600;
 
 /// An IssueToken request.
 #[derive(Clone, Debug, PartialEq, Eq)]

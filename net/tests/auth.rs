@@ -113,8 +113,8 @@ fn each_grant_reaches_only_its_resource_and_operations() {
     }
 
     // A bucket reader reads that bucket's streams, and does nothing else.
-    let (reader, _) = issue(&nova, &["bucket:apps:read"]);
-    let reader = Some(reader.as_str());
+    let (reader_token, _) = issue(&nova, &["bucket:apps:read"]);
+    let reader = Some(reader_token.as_str());
     expect(&nova, reader, "GET", "/v1/streams/apps/orders%2Feu/records?seq_num=0", None, 200);
     expect(&nova, reader, "GET", "/v1/streams/apps/orders%2Feu/tail", None, 200);
     expect(&nova, reader, "GET", "/v1/streams/apps/orders%2Feu", None, 200);
@@ -129,12 +129,31 @@ fn each_grant_reaches_only_its_resource_and_operations() {
         ("GET", "/v1/buckets", None),
         ("GET", "/metrics", None),
         ("GET", "/v1/tokens", None),
+        ("DELETE", "/v1/tokens/0123456789abcdef", None),
         ("GET", "/v1/streams/other/exists/records", None),
+        ("GET", "/v1/streams/other/exists/plan", None),
+        ("GET", "/v1/buckets/other", None),
+        ("GET", "/v1/buckets/nothere", None),
     ] {
         let denied = expect(&nova, reader, method, path, body, 403);
         assert_eq!(denied["code"], "permission_denied", "{method} {path}");
     }
-    // A refusal says the same whether the stream exists or not.
+    // Subscriptions, SSE and binary, are reads.
+    let bearer = format!("Bearer {reader_token}");
+    for accept in ["text/event-stream", "application/x-nova-records; subscribe=true"] {
+        let headers = [("authorization", bearer.as_str()), ("accept", accept)];
+        let refused = nova.call_with("GET", "/v1/streams/other/exists/records", &headers, None);
+        assert_eq!(refused.status, 403, "{accept}: {}", refused.text());
+    }
+    // A refusal says the same whether the bucket or stream exists or not.
+    let (bucket, nothere) = (
+        expect(&nova, reader, "GET", "/v1/buckets/other", None, 403),
+        expect(&nova, reader, "GET", "/v1/buckets/nothere", None, 403),
+    );
+    assert_eq!(
+        bucket["message"].as_str().map(|m| m.replace("other", "NAME")),
+        nothere["message"].as_str().map(|m| m.replace("nothere", "NAME")),
+    );
     let exists = expect(&nova, reader, "GET", "/v1/streams/other/exists", None, 403);
     let missing = expect(&nova, reader, "GET", "/v1/streams/other/missing", None, 403);
     assert_eq!(
@@ -162,6 +181,9 @@ fn each_grant_reaches_only_its_resource_and_operations() {
         .filter_map(|s| s["key"].as_str())
         .collect();
     assert_eq!(keys, ["orders/eu", "orders/us"]);
+    let past = "/v1/streams/apps?prefix=orders%2F&start_after=zzz";
+    assert_eq!(expect(&nova, writer, "GET", past, None, 200)["streams"], json!([]));
+    expect(&nova, writer, "GET", "/v1/streams/apps?prefix=order", None, 403);
 
     // A bucket admin creates and deletes in its bucket, but issues no tokens.
     let (admin, _) = issue(&nova, &["bucket:other:admin"]);
@@ -170,11 +192,15 @@ fn each_grant_reaches_only_its_resource_and_operations() {
     expect(&nova, admin, "DELETE", "/v1/streams/other/made", None, 204);
     expect(&nova, admin, "POST", "/v1/streams/apps/made", None, 403);
     expect(&nova, admin, "POST", "/v1/tokens", Some(&json!({"grants": ["*:*:read"]})), 403);
+    // A bucket's admin creates it, granted before it exists.
+    let (founder, _) = issue(&nova, &["bucket:newb:admin"]);
+    expect(&nova, Some(&founder), "POST", "/v1/buckets/newb", None, 201);
+    expect(&nova, Some(&founder), "POST", "/v1/buckets/newc", None, 403);
 
     // A fleet reader lists buckets.
     let (fleet, _) = issue(&nova, &["*:*:read"]);
     let names = expect(&nova, Some(&fleet), "GET", "/v1/buckets", None, 200);
-    assert_eq!(names["buckets"].as_array().map(Vec::len), Some(2));
+    assert_eq!(names["buckets"].as_array().map(Vec::len), Some(3));
 }
 
 #[test]
@@ -203,8 +229,27 @@ fn tokens_are_listed_without_secrets_revoked_at_once_expire_and_survive_a_restar
 
     expect(&nova, Some(&revoked), "GET", "/v1/buckets", None, 200);
     expect(&nova, Some(ROOT), "DELETE", &format!("/v1/tokens/{revoked_id}"), None, 204);
-    expect(&nova, Some(&revoked), "GET", "/v1/buckets", None, 401);
+    // Each call is a new connection, which the kernel gives either shard: the
+    // revocation counts on both.
+    for _ in 0..20 {
+        expect(&nova, Some(&revoked), "GET", "/v1/buckets", None, 401);
+    }
     expect(&nova, Some(ROOT), "DELETE", &format!("/v1/tokens/{revoked_id}"), None, 404);
+    let long = format!("/v1/tokens/{}", "f".repeat(4000));
+    for malformed in ["/v1/tokens/nothex", "/v1/tokens/%00", long.as_str()] {
+        let refused = expect(&nova, Some(ROOT), "DELETE", malformed, None, 404);
+        assert_eq!(refused["code"], "not_found");
+    }
+
+    // Pages of tokens.
+    let first = expect(&nova, Some(ROOT), "GET", "/v1/tokens?limit=1", None, 200);
+    let next = first["next"].as_str().expect("more follow").to_owned();
+    assert_eq!(first["tokens"][0]["id"], json!(next));
+    let rest =
+        expect(&nova, Some(ROOT), "GET", &format!("/v1/tokens?start_after={next}"), None, 200);
+    assert_eq!(rest["tokens"].as_array().map(Vec::len), Some(1), "two left after the revocation");
+    assert_eq!(rest["next"], "");
+    expect(&nova, Some(ROOT), "GET", "/v1/tokens?limit=0", None, 400);
 
     // A token expires at its time: asked for the shortest lifetime, it is refused soon.
     let short = json!({"grants": ["*:*:read"], "expires_in_seconds": 1});
@@ -325,10 +370,11 @@ fn the_cli_carries_its_token_from_the_flag_or_the_environment() {
     assert_eq!(code, Some(1));
     assert!(stderr.contains("unauthenticated"), "{stderr}");
 
+    let root_file = root_file(dir.path());
     let (code, out, stderr) = nova_cli(
         &[
-            "--auth-token",
-            ROOT,
+            "--auth-token-file",
+            &root_file,
             "token",
             "issue",
             "--grant",
@@ -393,7 +439,10 @@ fn the_client_appends_reads_and_subscribes_with_its_token() {
     let anonymous = Client::new(&nova.url).expect("client");
     let refused = anonymous.check_tail(&address).expect_err("no token");
     assert_eq!(refused.code(), Some("unauthenticated"), "{refused}");
-    let client = Client::new(&nova.url).expect("client").with_token(Some(token));
+    let client = Client::new(&nova.url).expect("client").with_token(Some(token)).expect("a token");
+    let injected =
+        Client::new(&nova.url).expect("client").with_token(Some("a\r\nx-evil: 1".into()));
+    assert!(injected.expect_err("a line break").to_string().contains("visible ASCII"));
     let mut batch = Batch::new();
     for body in ["one", "two"] {
         batch.push::<&str, &str>(&[], body.as_bytes()).expect("a record");
@@ -437,4 +486,72 @@ fn the_client_appends_reads_and_subscribes_with_its_token() {
         assert_eq!(error.code(), Some("unauthenticated"), "{error}");
         assert!(error.to_string().contains("was revoked"), "{error}");
     }
+}
+
+#[test]
+fn a_token_issues_only_what_it_holds() {
+    let dir = tempfile::tempdir().expect("temp dir");
+    let nova = start(dir.path());
+    let asked = json!({"grants": ["*:*:read,admin"], "expires_in_seconds": 3600});
+    let delegate = expect(&nova, Some(ROOT), "POST", "/v1/tokens", Some(&asked), 201);
+    let delegate = delegate["token"].as_str().expect("token").to_owned();
+    for (body, says) in [
+        (
+            json!({"grants": ["*:*:write"], "expires_in_seconds": 60}),
+            "cannot issue the grant *:*:write",
+        ),
+        (json!({"grants": ["bucket:apps:read"]}), "give expires_in_seconds"),
+        (json!({"grants": ["bucket:apps:read"], "expires_in_seconds": 7200}), "expire by then"),
+    ] {
+        let refused = expect(&nova, Some(&delegate), "POST", "/v1/tokens", Some(&body), 403);
+        assert!(refused["message"].as_str().is_some_and(|m| m.contains(says)), "{refused}");
+    }
+    let narrower = json!({"grants": ["bucket:apps:read"], "expires_in_seconds": 60});
+    expect(&nova, Some(&delegate), "POST", "/v1/tokens", Some(&narrower), 201);
+}
+
+#[test]
+fn tokens_past_the_limit_are_refused_once_the_expired_ones_are_purged() {
+    let dir = tempfile::tempdir().expect("temp dir");
+    let nova = Nova::start_with(
+        &dir.path().join("data"),
+        &["--root-token-file", &root_file(dir.path()), "--tokens-max", "2"],
+        &[],
+    );
+    let brief = json!({"grants": ["*:*:read"], "expires_in_seconds": 1});
+    let brief = expect(&nova, Some(ROOT), "POST", "/v1/tokens", Some(&brief), 201);
+    let (kept, _) = issue(&nova, &["*:*:read"]);
+    let full = expect(
+        &nova,
+        Some(ROOT),
+        "POST",
+        "/v1/tokens",
+        Some(&json!({"grants": ["*:*:read"]})),
+        412,
+    );
+    assert!(
+        full["message"]
+            .as_str()
+            .is_some_and(|m| m.contains("at most 2 unexpired tokens (--tokens-max)")),
+        "{full}"
+    );
+
+    let brief = brief["token"].as_str().expect("token").to_owned();
+    let deadline = Instant::now() + Duration::from_secs(10);
+    while call(&nova, Some(&brief), "GET", "/v1/buckets", None).0 != 401 {
+        assert!(Instant::now() < deadline, "a 1 s token still works after 10 s");
+        std::thread::sleep(Duration::from_millis(50));
+    }
+    let (third, third_id) = issue(&nova, &["*:*:read"]);
+    let listed = expect(&nova, Some(ROOT), "GET", "/v1/tokens", None, 200);
+    assert_eq!(
+        listed["tokens"].as_array().map(Vec::len),
+        Some(2),
+        "the expired one was purged: {listed}"
+    );
+    assert!(listed.to_string().contains(&third_id));
+    for token in [&kept, &third] {
+        expect(&nova, Some(token), "GET", "/v1/buckets", None, 200);
+    }
+    expect(&nova, Some(ROOT), "POST", "/v1/tokens", Some(&json!({"grants": ["*:*:read"]})), 412);
 }

@@ -519,6 +519,18 @@ pub const HTTP_CONNECTIONS_MAX: Knob = Knob {
     reason: "an idle keep-alive connection costs a task and a few KiB, so 1024 per core covers many producers and subscribers while bounding what a flood of connections can hold",
 };
 
+/// Issued tokens a node keeps (docs/auth.md).
+pub const TOKENS_MAX: Knob = Knob {
+    flag: "tokens-max",
+    env: "NOVA_TOKENS_MAX",
+    unit: Unit::Count,
+    default: 10_000,
+    min: 1,
+    max: 1_000_000,
+    help: "issued tokens the node keeps, expired ones aside (they are purged to make room); issuing past it is refused until some are revoked",
+    reason: "every shard holds every token in memory (a few hundred bytes each), so 10,000 tokens cost a few MiB per node, far more than a service's callers need",
+};
+
 /// The largest request body the server reads.
 pub const HTTP_BODY_BYTES_MAX: Knob = Knob {
     flag: "http-body-bytes-max",
@@ -599,6 +611,7 @@ pub const KNOBS: &[Knob] = &[
     HTTP_BODY_BYTES_MAX,
     HTTP_LOG_SLOW_MS,
     SSE_HEARTBEAT_MS,
+    TOKENS_MAX,
 ];
 
 /// A knob whose value is text (an address, a path): no unit and no range, but a flag,
@@ -628,7 +641,7 @@ pub const LISTEN: TextKnob = TextKnob {
     env: "NOVA_LISTEN",
     default: "127.0.0.1:8080",
     help: "address and port the HTTP server listens on (every shard accepts on it); port 0 picks a free port, printed at start",
-    reason: "loopback by default: the server has no authentication yet, so exposing it is a decision to make explicitly",
+    reason: "loopback by default: a first run needs no token (auth is off on loopback without --root-token-file), so exposing the server is a decision to make explicitly",
 };
 
 /// The data directory.

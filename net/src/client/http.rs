@@ -41,9 +41,20 @@ impl Server {
     }
 
     /// Every request carries `token` (None, or an empty one: no Authorization header).
-    pub fn with_token(mut self, token: Option<String>) -> Self {
-        self.token = token.filter(|token| !token.is_empty());
-        self
+    /// A token must be visible ASCII: it is written into each request's head.
+    pub fn with_token(mut self, token: Option<String>) -> Result<Self, String> {
+        let token = token.filter(|token| !token.is_empty());
+        if let Some(token) = &token
+            && !token.bytes().all(|b| (0x21..=0x7e).contains(&b))
+        {
+            return Err(format!(
+                "a token is visible ASCII (no spaces, line breaks or other letters); this one \
+                 is {} bytes and is not",
+                token.len()
+            ));
+        }
+        self.token = token;
+        Ok(self)
     }
 }
 

@@ -758,9 +758,9 @@ impl Client {
     }
 
     /// Every call carries `token` as `Authorization: Bearer <token>` (docs/auth.md).
-    pub fn with_token(mut self, token: Option<String>) -> Self {
-        self.server = self.server.with_token(token);
-        self
+    pub fn with_token(mut self, token: Option<String>) -> Result<Self> {
+        self.server = self.server.with_token(token).map_err(Error::Invalid)?;
+        Ok(self)
     }
 
     pub fn format(&self) -> Format {
