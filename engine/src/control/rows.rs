@@ -891,7 +891,7 @@ mod tests {
             bad[0] = version;
             assert_eq!(BucketRow::decode(&bad), Err(RowError::UnknownVersion { version }));
         }
-        for kind in [0u8, 6, 255] {
+        for kind in [0u8, 7, 255] {
             let mut bad = row.clone();
             bad[1] = kind;
             assert_eq!(BucketRow::decode(&bad), Err(RowError::UnknownKind { kind }));
