@@ -64,6 +64,12 @@ fn issue(nova: &Nova, grants: &[&str]) -> (String, String) {
     (token, id)
 }
 
+/// The root token creates `bucket`, with streams created on first append.
+fn autocreating_bucket(nova: &Nova, bucket: &str) {
+    let config = json!({"create_stream_on_append": true});
+    expect(nova, Some(ROOT), "POST", &format!("/v1/buckets/{bucket}"), Some(&config), 201);
+}
+
 #[test]
 fn every_request_but_health_needs_a_token_the_server_knows() {
     let dir = tempfile::tempdir().expect("temp dir");
@@ -103,9 +109,8 @@ fn every_request_but_health_needs_a_token_the_server_knows() {
 fn each_grant_reaches_only_its_resource_and_operations() {
     let dir = tempfile::tempdir().expect("temp dir");
     let nova = start(dir.path());
-    let auto = json!({"create_stream_on_append": true});
     for bucket in ["apps", "other"] {
-        expect(&nova, Some(ROOT), "POST", &format!("/v1/buckets/{bucket}"), Some(&auto), 201);
+        autocreating_bucket(&nova, bucket);
     }
     let records = json!({"records": [{"body": "hi"}]});
     for path in ["/v1/streams/apps/orders%2Feu/records", "/v1/streams/other/exists/records"] {
@@ -397,14 +402,7 @@ fn the_cli_carries_its_token_from_the_flag_or_the_environment() {
         "{out}"
     );
 
-    expect(
-        &nova,
-        Some(ROOT),
-        "POST",
-        "/v1/buckets/apps",
-        Some(&json!({"create_stream_on_append": true})),
-        201,
-    );
+    autocreating_bucket(&nova, "apps");
     let (code, _, stderr) = nova_cli(&["tail", "nova://apps/k"], &[("NOVA_TOKEN", &token)]);
     assert_eq!(code, Some(1), "the stream does not exist yet, and the token may read it: {stderr}");
     assert!(stderr.contains("not_found"), "{stderr}");
@@ -426,14 +424,7 @@ fn the_client_appends_reads_and_subscribes_with_its_token() {
     use net::client::{Address, Batch, Client, Conditions, ReadOptions, SubscriptionEvent};
     let dir = tempfile::tempdir().expect("temp dir");
     let nova = start(dir.path());
-    expect(
-        &nova,
-        Some(ROOT),
-        "POST",
-        "/v1/buckets/apps",
-        Some(&json!({"create_stream_on_append": true})),
-        201,
-    );
+    autocreating_bucket(&nova, "apps");
     let (token, id) = issue(&nova, &["bucket:apps:read,write"]);
     let address = Address::new("apps", "orders");
     let anonymous = Client::new(&nova.url).expect("client");
