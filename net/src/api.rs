@@ -46,6 +46,8 @@ pub struct Settings {
     pub body_bytes_max: u64,
     /// A request that succeeds is logged only when it took at least this long.
     pub log_slow: Duration,
+    /// Request log lines a shard writes per second at most.
+    pub log_lines_per_second: u64,
     pub heartbeat: Duration,
 }
 
@@ -59,6 +61,7 @@ pub struct Shared {
     /// Request ids are `<boot>-<shard>-<n>`.
     pub boot: u32,
     pub next_request: Cell<u64>,
+    pub log_budget: LogBudget,
     /// None: auth is off (a loopback server without a root token).
     pub auth: Option<Arc<Auth>>,
 }
@@ -85,13 +88,63 @@ pub async fn handle(
     shared.metrics.request(shared.shard, route, status);
     let took = started.elapsed();
     if status >= 400 || took >= shared.settings.log_slow {
-        eprintln!(
-            "nova request request_id={request_id} shard={} method={method} path={path:?} route={route} status={status} micros={}",
-            shared.shard,
-            took.as_micros()
-        );
+        match shared.log_budget.take(started, shared.settings.log_lines_per_second) {
+            Some(left_out) => {
+                if left_out > 0 {
+                    eprintln!(
+                        "nova log shard={} left_out={left_out} (request lines past --http-log-lines-per-second)",
+                        shared.shard
+                    );
+                }
+                eprintln!(
+                    "nova request request_id={request_id} shard={} method={method} path={path:?} route={route} status={status} micros={}",
+                    shared.shard,
+                    took.as_micros()
+                );
+            }
+            None => shared.metrics.log_line_suppressed(shared.shard),
+        }
     }
     Ok(response)
+}
+
+/// A shard's request log lines in the current second, so that a flood of failing
+/// requests costs a bounded number of log writes.
+pub struct LogBudget {
+    epoch: Instant,
+    second: Cell<u64>,
+    written: Cell<u64>,
+    /// Lines left out since the last one written.
+    left_out: Cell<u64>,
+}
+
+impl Default for LogBudget {
+    fn default() -> Self {
+        LogBudget {
+            epoch: Instant::now(),
+            second: Cell::new(0),
+            written: Cell::new(0),
+            left_out: Cell::new(0),
+        }
+    }
+}
+
+impl LogBudget {
+    /// Whether a line may be written at `now`, within `per_second`: Some(lines left out
+    /// before it), or None (left out, and counted).
+    fn take(&self, now: Instant, per_second: u64) -> Option<u64> {
+        let second = now.saturating_duration_since(self.epoch).as_secs();
+        if second != self.second.get() {
+            self.second.set(second);
+            self.written.set(0);
+        }
+        if self.written.get() >= per_second {
+            self.left_out.set(self.left_out.get() + 1);
+            return None;
+        }
+        self.written.set(self.written.get() + 1);
+        Some(self.left_out.replace(0))
+    }
 }
 
 fn request_id(shared: &Shared, request: &Request<Incoming>) -> String {

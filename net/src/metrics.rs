@@ -18,6 +18,7 @@ struct ShardCounters {
     connections_open: u64,
     connections_accepted: u64,
     requests_in_flight: u64,
+    log_lines_suppressed: u64,
 }
 
 /// A shard counter of the engine: name, help, how to read it.
@@ -62,6 +63,11 @@ impl Metrics {
         });
     }
 
+    /// A request log line was left out (`--http-log-lines-per-second`).
+    pub fn log_line_suppressed(&self, shard: usize) {
+        self.with(shard, |c| c.log_lines_suppressed += 1);
+    }
+
     pub fn connection_closed(&self, shard: usize) {
         self.with(shard, |c| c.connections_open = c.connections_open.saturating_sub(1));
     }
@@ -90,6 +96,7 @@ impl Metrics {
                     counters.connections_open,
                     counters.connections_accepted,
                     counters.requests_in_flight,
+                    counters.log_lines_suppressed,
                 ));
             }
         }
@@ -101,14 +108,14 @@ impl Metrics {
         }
         out.push_str("# HELP nova_http_connections_open HTTP connections open, per shard.\n");
         out.push_str("# TYPE nova_http_connections_open gauge\n");
-        for (shard, open, _, _) in &connections {
+        for (shard, open, _, _, _) in &connections {
             let _ = writeln!(out, "nova_http_connections_open{{shard=\"{shard}\"}} {open}");
         }
         out.push_str(
             "# HELP nova_http_connections_accepted_total HTTP connections accepted, per shard.\n",
         );
         out.push_str("# TYPE nova_http_connections_accepted_total counter\n");
-        for (shard, _, accepted, _) in &connections {
+        for (shard, _, accepted, _, _) in &connections {
             let _ = writeln!(
                 out,
                 "nova_http_connections_accepted_total{{shard=\"{shard}\"}} {accepted}"
@@ -118,8 +125,19 @@ impl Metrics {
             "# HELP nova_http_requests_in_flight HTTP requests being answered, per shard.\n",
         );
         out.push_str("# TYPE nova_http_requests_in_flight gauge\n");
-        for (shard, _, _, in_flight) in &connections {
+        for (shard, _, _, in_flight, _) in &connections {
             let _ = writeln!(out, "nova_http_requests_in_flight{{shard=\"{shard}\"}} {in_flight}");
+        }
+        out.push_str(
+            "# HELP nova_http_log_lines_suppressed_total Request log lines left out past \
+             --http-log-lines-per-second, per shard.\n",
+        );
+        out.push_str("# TYPE nova_http_log_lines_suppressed_total counter\n");
+        for (shard, _, _, _, suppressed) in &connections {
+            let _ = writeln!(
+                out,
+                "nova_http_log_lines_suppressed_total{{shard=\"{shard}\"}} {suppressed}"
+            );
         }
         let engine_counters: [(EngineCounter, &str); 18] = [
             (

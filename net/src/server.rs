@@ -49,6 +49,7 @@ impl ServerConfig {
             settings: Settings {
                 body_bytes_max: tuning::HTTP_BODY_BYTES_MAX.default,
                 log_slow: Duration::from_millis(tuning::HTTP_LOG_SLOW_MS.default),
+                log_lines_per_second: tuning::HTTP_LOG_LINES_PER_SECOND.default,
                 heartbeat: Duration::from_millis(tuning::SSE_HEARTBEAT_MS.default),
             },
         }
@@ -134,6 +135,7 @@ async fn serve_shard(
         stopping: context.stopping.clone(),
         boot: boot_id(),
         next_request: Cell::new(0),
+        log_budget: api::LogBudget::default(),
         auth: config.auth.clone(),
     });
     let permits = Rc::new(Semaphore::new(config.connections_max));

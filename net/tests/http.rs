@@ -1134,6 +1134,34 @@ fn a_non_loopback_address_is_served_only_with_insecure_no_auth_and_a_warning() {
     assert!(log.contains("nova: 2 shards (--shards) and one uploader thread, on "), "{log}");
 }
 
+#[test]
+fn a_flood_of_failing_requests_writes_a_bounded_log() {
+    let dir = tempdir();
+    let log = dir.path().join("log");
+    let flags = ["--http-log-lines-per-second", "3"];
+    let nova = Nova::start_logging(&dir.path().join("data"), &flags, &log);
+    let started = Instant::now();
+    const FAILED: usize = 60;
+    for _ in 0..FAILED {
+        nova.ok("GET", "/v1/buckets/none-here", None, 404);
+    }
+    let seconds = started.elapsed().as_secs() + 1;
+    let metrics = nova.call("GET", "/metrics", None).text();
+    let suppressed: usize = metrics
+        .lines()
+        .filter(|l| l.starts_with("nova_http_log_lines_suppressed_total{"))
+        .filter_map(|l| l.rsplit(' ').next()?.parse::<usize>().ok())
+        .sum();
+    drop(nova);
+    let log = std::fs::read_to_string(&log).expect("read the log");
+    let written = log.lines().filter(|l| l.contains("route=get_bucket status=404")).count();
+    // Every failed request is either a line or a count, and at most 3 lines a second
+    // on each of the 2 shards are written.
+    assert_eq!(written + suppressed, FAILED, "{log}");
+    assert!(written as u64 <= 3 * 2 * seconds, "{written} lines in {seconds} s: {log}");
+    assert!(suppressed > 0, "60 failures in {seconds} s fit 3 lines a second? {log}");
+}
+
 fn sigterm_case(store: Store) {
     let dir = tempdir();
     let data = dir.path().join("data");

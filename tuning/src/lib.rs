@@ -551,8 +551,20 @@ pub const HTTP_LOG_SLOW_MS: Knob = Knob {
     default: 1_000,
     min: 0,
     max: 3_600_000,
-    help: "a request that succeeds is logged (one line with its request id) only when it took at least this long; a request that fails (status 400 or more) is always logged; 0 logs every request",
+    help: "a request that succeeds is logged (one line with its request id) only when it took at least this long; a request that fails (status 400 or more) is always logged, within --http-log-lines-per-second; 0 logs every request",
     reason: "a line per request cost an unbuffered write on the shard's core, an eighth of its time under a 64-record append load (perf, loadgen); slow and failed requests are the ones worth reading",
+};
+
+/// Request log lines one shard writes per second at most.
+pub const HTTP_LOG_LINES_PER_SECOND: Knob = Knob {
+    flag: "http-log-lines-per-second",
+    env: "NOVA_HTTP_LOG_LINES_PER_SECOND",
+    unit: Unit::Count,
+    default: 100,
+    min: 1,
+    max: 1_000_000,
+    help: "request log lines (failed or slow requests) one shard writes per second at most; the lines past it are left out and counted (nova_http_log_lines_suppressed_total), and the next line written says how many were",
+    reason: "a flood of failing requests (a scanner without a token, a producer stuck on a bad batch) would otherwise spend an eighth of the shard's core on log writes and bury the log; 100 a second per shard is more than anyone reads",
 };
 
 /// How often an idle subscription sends a heartbeat.
@@ -610,6 +622,7 @@ pub const KNOBS: &[Knob] = &[
     HTTP_CONNECTIONS_MAX,
     HTTP_BODY_BYTES_MAX,
     HTTP_LOG_SLOW_MS,
+    HTTP_LOG_LINES_PER_SECOND,
     SSE_HEARTBEAT_MS,
     TOKENS_MAX,
 ];
