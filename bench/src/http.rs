@@ -15,7 +15,9 @@
 //!
 //! A second reference, for the binary cases: the same producers appending the same
 //! batches to a node in this process (no HTTP, no sockets), which tells the server's
-//! cost from the engine's.
+//! cost from the engine's. And the binary cases once more against a server with auth on
+//! (every request carrying a token), as a ratio to the same case with auth off: what
+//! checking tokens costs.
 //!
 //! Every case also reports the CPU it cost per GB of content, the server's and the
 //! client's apart (`/proc/<pid>/stat` around the measured time), next to what the
@@ -40,6 +42,8 @@ const RECORD_BYTES: usize = 1024;
 /// server waited on group commits with a fifth of the machine idle; 64 keep it busy.
 const CONNECTIONS: usize = 64;
 const BINARY_MEDIA_TYPE: &str = "application/x-nova-records";
+/// The root token of the auth-on server.
+const BENCH_ROOT_TOKEN: &str = "bench-root-token-0123456789abcdef";
 
 struct Durations {
     warmup: Duration,
@@ -114,20 +118,30 @@ impl CpuSpent {
 struct Server {
     child: Child,
     authority: String,
+    /// The `Authorization` header value every request carries (auth on), if any.
+    authorization: Option<String>,
     log: PathBuf,
     // Held so the server's stdout stays open while it runs.
     _stdout: BufReader<ChildStdout>,
 }
 
 impl Server {
-    fn start(binary: &Path, data_dir: &Path) -> Result<Self, String> {
+    /// A server on `data_dir`; with `root_token`, auth on and every request carrying it.
+    fn start(binary: &Path, data_dir: &Path, root_token: Option<&str>) -> Result<Self, String> {
         let log = data_dir.with_extension("log");
         let log_file =
             std::fs::File::create(&log).map_err(|e| format!("create {}: {e}", log.display()))?;
+        let mut auth_args = Vec::new();
+        if let Some(token) = root_token {
+            let file = data_dir.with_extension("root-token");
+            std::fs::write(&file, token).map_err(|e| format!("write {}: {e}", file.display()))?;
+            auth_args = vec!["--root-token-file".into(), file.into_os_string()];
+        }
         let mut child = Command::new(binary)
             .arg("serve")
             .args(["--listen", "127.0.0.1:0", "--data-dir"])
             .arg(data_dir)
+            .args(auth_args)
             .stdin(Stdio::null())
             .stdout(Stdio::piped())
             .stderr(log_file)
@@ -146,7 +160,8 @@ impl Server {
             }
             if let Some(url) = line.trim().strip_prefix("nova listening on http://") {
                 let authority = url.to_owned();
-                return Ok(Server { child, authority, log, _stdout: stdout });
+                let authorization = root_token.map(|token| format!("Bearer {token}"));
+                return Ok(Server { child, authority, authorization, log, _stdout: stdout });
             }
         }
     }
@@ -174,17 +189,24 @@ impl Drop for Server {
 struct Connection {
     writer: TcpStream,
     reader: BufReader<TcpStream>,
+    /// Header lines every request carries (`Authorization`, with auth on).
+    headers: String,
     request: Vec<u8>,
     body: Vec<u8>,
 }
 
 impl Connection {
-    fn open(authority: &str) -> io::Result<Self> {
-        let stream = TcpStream::connect(authority)?;
+    fn open(server: &Server) -> io::Result<Self> {
+        let stream = TcpStream::connect(&server.authority)?;
         stream.set_nodelay(true)?;
         stream.set_read_timeout(Some(Duration::from_secs(30)))?;
         let reader = BufReader::with_capacity(64 << 10, stream.try_clone()?);
-        Ok(Self { writer: stream, reader, request: Vec::new(), body: Vec::new() })
+        let headers = server
+            .authorization
+            .as_ref()
+            .map(|value| format!("Authorization: {value}\r\n"))
+            .unwrap_or_default();
+        Ok(Self { writer: stream, reader, headers, request: Vec::new(), body: Vec::new() })
     }
 
     /// Sends a POST and reads its whole response; returns the status (the body is in
@@ -193,8 +215,9 @@ impl Connection {
         self.request.clear();
         write!(
             self.request,
-            "POST {path} HTTP/1.1\r\nHost: bench\r\nContent-Type: {content_type}\r\n\
+            "POST {path} HTTP/1.1\r\nHost: bench\r\nContent-Type: {content_type}\r\n{}\
              Content-Length: {}\r\n\r\n",
+            self.headers,
             body.len()
         )?;
         self.request.extend_from_slice(body);
@@ -274,7 +297,6 @@ fn append_body(format: Format, records: usize) -> (&'static str, Vec<u8>) {
 }
 
 fn run_case(server: &Server, bucket: &str, case: Case, durations: &Durations) -> Outcome {
-    let authority = server.authority.as_str();
     let (content_type, body) = append_body(case.format, case.records);
     let body = Arc::new(body);
     let tag = match case.format {
@@ -296,7 +318,7 @@ fn run_case(server: &Server, bucket: &str, case: Case, durations: &Durations) ->
                     )
                 })
                 .collect();
-            let mut connection = Connection::open(authority).expect("connect to nova");
+            let mut connection = Connection::open(server).expect("connect to nova");
             let mut turn = c;
             move || {
                 let path = &paths[turn % paths.len()];
@@ -466,9 +488,9 @@ fn server_binary() -> Result<PathBuf, String> {
     }
 }
 
-fn create_bucket(authority: &str, bucket: &str) -> Result<(), String> {
-    let mut connection =
-        Connection::open(authority).map_err(|e| format!("connect to nova at {authority}: {e}"))?;
+fn create_bucket(server: &Server, bucket: &str) -> Result<(), String> {
+    let mut connection = Connection::open(server)
+        .map_err(|e| format!("connect to nova at {}: {e}", server.authority))?;
     let status = connection
         .post(
             &format!("/v1/buckets/{bucket}"),
@@ -516,9 +538,9 @@ pub fn run(quick: bool) -> Result<(), String> {
     let data_dir = dir.join("data");
 
     let loopback_before = loopback_reference(durations.reference, durations.reference_passes);
-    let server = Server::start(&binary, &data_dir)?;
+    let server = Server::start(&binary, &data_dir, None)?;
     let bucket = "bench";
-    create_bucket(&server.authority, bucket)?;
+    create_bucket(&server, bucket)?;
     let mut cases = Vec::new();
     for format in [Format::Binary, Format::Json] {
         for streams in [1, 100] {
@@ -530,6 +552,15 @@ pub fn run(quick: bool) -> Result<(), String> {
     let outcomes: Vec<Outcome> =
         cases.iter().map(|&case| run_case(&server, bucket, case, &durations)).collect();
     drop(server);
+    // The same binary cases with auth on: every request carries a token the server checks.
+    let authed = Server::start(&binary, &dir.join("data-auth"), Some(BENCH_ROOT_TOKEN))?;
+    create_bucket(&authed, bucket)?;
+    let auth_cases: Vec<(Case, Outcome)> = cases
+        .iter()
+        .filter(|case| case.format == Format::Binary)
+        .map(|&case| (case, run_case(&authed, bucket, case, &durations)))
+        .collect();
+    drop(authed);
     // The engine alone, for the binary cases: same producers, same streams, same disk.
     let engine_alone: Vec<Option<Outcome>> = cases
         .iter()
@@ -628,6 +659,35 @@ pub fn run(quick: bool) -> Result<(), String> {
     println!(
         "\nTarget (issue 6): binary 64-record batches at 0.40 of raw loopback or more: {target}."
     );
+    println!(
+        "\nWith auth on (`--root-token-file`, every request carrying the root token, on its \
+         own data directory), binary cases:\n"
+    );
+    println!(
+        "| streams | records per batch | appends/s | p50 µs | p99 µs | server CPU s/GB | \
+         appends/s / auth off |"
+    );
+    println!("|---:|---:|---:|---:|---:|---:|---:|");
+    for (case, outcome) in &auth_cases {
+        let off = cases
+            .iter()
+            .zip(&outcomes)
+            .find(|(c, _)| {
+                c.format == case.format && c.streams == case.streams && c.records == case.records
+            })
+            .map(|(_, off)| off.appends_per_second)
+            .unwrap_or(f64::NAN);
+        println!(
+            "| {} | {} | {:.0} | {} | {} | {:.2} | {:.2} |",
+            case.streams,
+            case.records,
+            outcome.appends_per_second,
+            outcome.latency.p50,
+            outcome.latency.p99,
+            outcome.server_cpu_per_gb,
+            outcome.appends_per_second / off
+        );
+    }
     let _ = std::fs::remove_dir_all(&dir);
     Ok(())
 }
