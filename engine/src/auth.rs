@@ -136,6 +136,14 @@ impl Grant {
                         prefix.len()
                     )));
                 }
+                // No stream key holds a control character, so no prefix needs one.
+                if let Some(found) = prefix.chars().find(|c| c.is_control()) {
+                    return Err(refuse(&format!(
+                        "the key prefix holds the control character U+{:04X}, which no stream \
+                         key may hold",
+                        u32::from(found)
+                    )));
+                }
                 Resource::Streams { bucket, prefix: prefix.to_owned() }
             }
             _ => return Err(refuse(&format!("unknown resource {resource:?}"))),
@@ -294,6 +302,8 @@ mod tests {
             assert!(error.contains(says), "{text}: {error}");
             assert!(error.starts_with("invalid grant"), "{error}");
         }
+        let escape = Grant::parse("stream:apps/a\u{1b}[2J:read").expect_err("a control character");
+        assert!(escape.to_string().contains("U+001B"), "{escape}");
         let long = format!("stream:apps/{}:read", "k".repeat(STREAM_KEY_BYTES_MAX + 1));
         assert!(Grant::parse(&long).expect_err("long prefix").to_string().contains("over the 512"));
     }

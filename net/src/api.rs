@@ -91,12 +91,12 @@ pub async fn handle(
         match shared.log_budget.take(started, shared.settings.log_lines_per_second) {
             Some(left_out) => {
                 if left_out > 0 {
-                    eprintln!(
+                    crate::log_line!(
                         "nova log shard={} left_out={left_out} (request lines past --http-log-lines-per-second)",
                         shared.shard
                     );
                 }
-                eprintln!(
+                crate::log_line!(
                     "nova request request_id={request_id} shard={} method={method} path={path:?} route={route} status={status} micros={}",
                     shared.shard,
                     took.as_micros()
@@ -338,7 +338,7 @@ async fn route(
                         );
                         ("subscribe", answer.await)
                     } else {
-                        ("read", read(shared, bucket, key, &request).await)
+                        ("read", read(shared, &caller, bucket, key, &request).await)
                     }
                 }
                 (Some("records"), _) => ("records", not_allowed("POST, GET")),
@@ -867,6 +867,7 @@ pub async fn read_page(
 
 async fn read(
     shared: &Shared,
+    caller: &Caller,
     bucket: &BucketName,
     key: &StreamKey,
     request: &Request<Incoming>,
@@ -881,6 +882,11 @@ async fn read(
         wait: params.wait,
     };
     let reply = read_page(shared, bucket, key, read).await?;
+    // A long poll may have waited a minute: its token is checked again before records
+    // read since go out.
+    if let (Some(_), Some(auth)) = (params.wait, &shared.auth) {
+        auth.still_valid(caller, now_ms())?;
+    }
     if binary {
         let mut frames = reply.frames;
         framing::encode_page_end(reply.next_seq_num, reply.tail, &mut frames);

@@ -118,6 +118,9 @@ impl Auth {
     /// not part of it), keeping at most `tokens_max` issued tokens.
     pub fn with_root_token(root: &str, flag: &str, tokens_max: usize) -> Result<Auth, String> {
         let root = root.trim_end_matches(['\n', '\r']);
+        if root.contains(['\n', '\r']) {
+            return Err(format!("--{flag}: the file must hold one line, the root token"));
+        }
         if !(ROOT_TOKEN_BYTES_MIN..=ROOT_TOKEN_BYTES_MAX).contains(&root.len()) {
             return Err(format!(
                 "--{flag}: the root token is {} bytes; it must be {ROOT_TOKEN_BYTES_MIN} to \
@@ -181,11 +184,16 @@ impl Auth {
         headers: &HeaderMap,
         now_ms: u64,
     ) -> Result<Caller, ApiError> {
-        let value = headers.get(header::AUTHORIZATION).ok_or_else(|| {
+        let mut sent = headers.get_all(header::AUTHORIZATION).iter();
+        let value = sent.next().ok_or_else(|| {
             unauthenticated(
                 "this server needs a token: send the header Authorization: Bearer <token>",
             )
         })?;
+        // Two would let a proxy or an audit log read another token than the one checked.
+        if sent.next().is_some() {
+            return Err(unauthenticated("send one Authorization header, not several"));
+        }
         let generation = self.generation.load(Ordering::Acquire);
         if let Some((sent, at, caller)) = &*cache.0.borrow()
             && *at == generation
@@ -332,12 +340,14 @@ impl Auth {
         control: &ControlPlane<RedbMetaStore>,
         id: &str,
     ) -> Result<(), ApiError> {
-        let unknown = || {
-            let id: String = id.chars().take(40).collect();
-            ApiError::from_code(engine::Code::NotFound, format!("no token has ID {id:?}"))
-        };
+        let unknown =
+            || ApiError::from_code(engine::Code::NotFound, format!("no token has ID {id:?}"));
         if !is_token_id(id) {
-            return Err(unknown());
+            // Not echoed: it may be a whole token, secret and all.
+            return Err(ApiError::from_code(
+                engine::Code::NotFound,
+                "no token has that ID: an ID is the 16 hex digits after nova_ in a token",
+            ));
         }
         let known = control.delete_token(id).await?;
         let held = self.write_table().as_mut().and_then(|table| table.remove(id)).is_some();

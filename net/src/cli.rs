@@ -422,6 +422,34 @@ impl Session {
     }
 }
 
+/// One page of ListTokens: a line per token, its ID, grants, expiry and description
+/// (escaped: what a token's issuer wrote must not drive the terminal).
+fn show_tokens(session: &Session, page: &Value) {
+    session.show(page, |page| {
+        page["tokens"]
+            .as_array()
+            .into_iter()
+            .flatten()
+            .map(|t| {
+                let grants: Vec<String> = t["grants"]
+                    .as_array()
+                    .into_iter()
+                    .flatten()
+                    .filter_map(Value::as_str)
+                    .map(|g| g.escape_debug().to_string())
+                    .collect();
+                let expires = t["expires_at_ms"]
+                    .as_u64()
+                    .map_or("never expires".to_owned(), |ms| format!("expires at {ms} ms"));
+                let description = t["description"].as_str().unwrap_or("").escape_debug();
+                let id = t["id"].as_str().unwrap_or("");
+                format!("{id} {} ({expires}) {description}", grants.join(" ")).trim_end().to_owned()
+            })
+            .collect::<Vec<_>>()
+            .join("\n")
+    });
+}
+
 /// An object as `name: value` lines.
 fn fields(value: &Value) -> String {
     match value.as_object() {
@@ -473,14 +501,18 @@ fn run(args: Vec<String>) -> Outcome {
     // The token from a file (never a flag value, which `ps` and shell history show), or
     // else the environment.
     let token = match args.value("auth-token-file") {
-        Some(path) => Some(
-            std::fs::read_to_string(path)
-                .map_err(|e| {
-                    usage_error(format!("--auth-token-file {path:?} cannot be read: {e}"))
-                })?
-                .trim_end_matches(['\n', '\r'])
-                .to_owned(),
-        ),
+        Some(path) => {
+            let text = std::fs::read_to_string(path).map_err(|e| {
+                usage_error(format!("--auth-token-file {path:?} cannot be read: {e}"))
+            })?;
+            let first = text.lines().next().unwrap_or("").trim_end_matches('\r');
+            if first.is_empty() {
+                return Err(usage_error(format!(
+                    "--auth-token-file {path:?} is empty: its first line is the token"
+                )));
+            }
+            Some(first.to_owned())
+        }
         None => std::env::var("NOVA_TOKEN").ok(),
     };
     let client = Client::new(&url)
@@ -610,13 +642,15 @@ fn run(args: Vec<String>) -> Outcome {
                 body["description"] = json!(description);
             }
             let issued = session.call("POST", "/v1/tokens", Some(&body))?;
-            session.show(&issued, |t| {
-                format!(
-                    "{}\n(token {} issued; it is shown only now: keep it, the server keeps only its hash)",
-                    t["token"].as_str().unwrap_or(""),
-                    t["id"].as_str().unwrap_or("")
-                )
-            });
+            // The token alone on stdout, so `nova token issue ... > file` and
+            // `TOKEN=$(nova token issue ...)` keep exactly it.
+            session.show(&issued, |t| t["token"].as_str().unwrap_or("").to_owned());
+            if !session.json {
+                eprintln!(
+                    "nova: token {} issued; it is shown only now (the server keeps only its hash)",
+                    issued["id"].as_str().unwrap_or("")
+                );
+            }
             Ok(())
         }
         "token list" => {
@@ -624,39 +658,25 @@ fn run(args: Vec<String>) -> Outcome {
             if !rest.is_empty() {
                 return Err(usage_error("token list takes no arguments"));
             }
-            let list = session.call("GET", "/v1/tokens", None)?;
-            session.show(&list, |list| {
-                list["tokens"]
-                    .as_array()
-                    .into_iter()
-                    .flatten()
-                    .map(|t| {
-                        let grants: Vec<&str> = t["grants"]
-                            .as_array()
-                            .into_iter()
-                            .flatten()
-                            .filter_map(Value::as_str)
-                            .collect();
-                        let expires = t["expires_at_ms"]
-                            .as_u64()
-                            .map_or("never expires".to_owned(), |ms| format!("expires at {ms} ms"));
-                        let description = t["description"].as_str().unwrap_or("");
-                        format!(
-                            "{} {} ({expires}) {description}",
-                            t["id"].as_str().unwrap_or(""),
-                            grants.join(" ")
-                        )
-                        .trim_end()
-                        .to_owned()
-                    })
-                    .collect::<Vec<_>>()
-                    .join("\n")
-            });
-            Ok(())
+            let mut after = String::new();
+            loop {
+                let path = format!("/v1/tokens?start_after={}", encode_segment(&after));
+                let list = session.call("GET", &path, None)?;
+                show_tokens(&session, &list);
+                match list["next"].as_str() {
+                    Some(next) if !next.is_empty() => after = next.to_owned(),
+                    _ => return Ok(()),
+                }
+            }
         }
         "token revoke" => {
             args.only(&[])?;
-            let id = one("token ID")?;
+            // The ID, or a whole token, whose ID is its second part: only the ID is sent.
+            let given = one("token ID")?;
+            let id = given
+                .strip_prefix("nova_")
+                .and_then(|rest| rest.split_once('_'))
+                .map_or(given, |(id, _)| id);
             session.call("DELETE", &format!("/v1/tokens/{}", encode_segment(id)), None)?;
             session.show(&json!({"revoked": "token", "id": id}), |_| format!("revoked token {id}"));
             Ok(())

@@ -7,6 +7,16 @@
 //! engine's leader does, reached through `engine::node::Client`); every request body is
 //! bounded before it is held whole.
 
+/// A line on the server's stderr (its log) that never panics: a log pipe whose reader
+/// went away must not take the server down, as `eprintln!` would (it panics on EPIPE).
+macro_rules! log_line {
+    ($($arg:tt)*) => {{
+        use std::io::Write as _;
+        let _ = writeln!(std::io::stderr().lock(), $($arg)*);
+    }};
+}
+pub(crate) use log_line;
+
 pub mod api;
 pub mod auth;
 pub mod body;

@@ -170,6 +170,18 @@ const SWITCHES: [&str; 3] = ["s3-path-style", INSECURE_NO_AUTH, ACCEPT_JOURNAL_L
 /// The node's tokens when `--root-token-file` turns authentication on.
 fn auth(flags: &[(String, String)]) -> Result<Option<Arc<Auth>>, String> {
     let knob = tuning::ROOT_TOKEN_FILE;
+    // Given but empty is a mistake (an unset variable in a script), not a wish for no
+    // auth: refused, so auth is never off by accident.
+    let given_empty = flag_value(flags, knob.flag) == Some("")
+        || (flag_value(flags, knob.flag).is_none()
+            && std::env::var(knob.env).is_ok_and(|v| v.is_empty()));
+    if given_empty {
+        return Err(format!(
+            "--{} ({}) is empty: give the path of the root token's file, or leave both unset \
+             to serve without authentication",
+            knob.flag, knob.env
+        ));
+    }
     let path = knob.resolve(flag_value(flags, knob.flag));
     if path.is_empty() {
         return Ok(None);
@@ -259,12 +271,12 @@ pub fn run(args: &[String]) -> Result<(), String> {
             ));
         }
         (Some(_), false) => {
-            eprintln!(
+            crate::log_line!(
                 "nova: authentication on: every request needs a token (--{})",
                 tuning::ROOT_TOKEN_FILE.flag
             );
             if !listen.ip().is_loopback() {
-                eprintln!(
+                crate::log_line!(
                     "nova: note: tokens cross the network in plain HTTP on {listen}; terminate \
                      TLS in front of nova (docs/auth.md)"
                 );
@@ -279,7 +291,7 @@ pub fn run(args: &[String]) -> Result<(), String> {
                 tuning::ROOT_TOKEN_FILE.flag
             ));
         }
-        (None, true) if !listen.ip().is_loopback() => eprintln!(
+        (None, true) if !listen.ip().is_loopback() => crate::log_line!(
             "nova: WARNING: listening on {listen} without authentication \
              (--{INSECURE_NO_AUTH}): anyone who can reach the port can read, write and \
              delete every stream"
@@ -294,7 +306,7 @@ pub fn run(args: &[String]) -> Result<(), String> {
     }
     config.accept_journal_loss = switch(ACCEPT_JOURNAL_LOSS)?;
     if config.accept_journal_loss {
-        eprintln!(
+        crate::log_line!(
             "nova: WARNING: --{ACCEPT_JOURNAL_LOSS}: a missing journal is started anew; express \
              records only it held are lost, and their sequence numbers may be handed out again"
         );
@@ -335,20 +347,23 @@ pub fn run(args: &[String]) -> Result<(), String> {
             }
         }
     }
-    eprintln!(
+    crate::log_line!(
         "nova: {shard_count} shard{} (--shards) and one uploader thread, on {} core{}",
         if shard_count == 1 { "" } else { "s" },
         cores(),
         if cores() == 1 { "" } else { "s" },
     );
-    println!("nova listening on http://{listen}");
-    use std::io::Write as _;
-    let _ = std::io::stdout().flush();
+    {
+        use std::io::Write as _;
+        let mut stdout = std::io::stdout().lock();
+        let _ = writeln!(stdout, "nova listening on http://{listen}");
+        let _ = stdout.flush();
+    }
     if let Some(signal) = signals.forever().next() {
-        eprintln!("nova: signal {signal}: stopping (finishing requests in hand)");
+        crate::log_line!("nova: signal {signal}: stopping (finishing requests in hand)");
     }
     node.stop();
-    eprintln!("nova: stopped");
+    crate::log_line!("nova: stopped");
     Ok(())
 }
 

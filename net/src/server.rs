@@ -108,11 +108,26 @@ async fn serve_shard(
     bound: flume::Sender<Result<(), String>>,
 ) {
     // The issued tokens are in memory before the first request is taken.
-    if let Some(auth) = &config.auth
-        && let Err(error) = auth.load(context.client.control()).await
-    {
-        let _ = bound.send(Err(format!("shard {} cannot load the tokens: {error}", context.shard)));
-        return;
+    match &config.auth {
+        Some(auth) => {
+            if let Err(error) = auth.load(context.client.control()).await {
+                let _ = bound
+                    .send(Err(format!("shard {} cannot load the tokens: {error}", context.shard)));
+                return;
+            }
+        }
+        // Tokens were issued here, so auth was on before: say that it is off now.
+        None if context.shard == 0 => {
+            if let Ok((tokens, _)) = context.client.control().tokens_page(None).await
+                && !tokens.is_empty()
+            {
+                crate::log_line!(
+                    "nova: WARNING: this data directory holds issued tokens, but authentication \
+                     is off (no --root-token-file): every request is allowed"
+                );
+            }
+        }
+        None => {}
     }
     let listener = match listen(config.listen) {
         Ok(listener) => {
@@ -149,7 +164,7 @@ async fn serve_shard(
             Next::Ready(Err(error)) => {
                 // Out of file descriptors, or a connection reset before it was accepted:
                 // say so, and give the system a moment instead of spinning.
-                eprintln!("nova accept failed on shard {}: {error}", context.shard);
+                crate::log_line!("nova accept failed on shard {}: {error}", context.shard);
                 glommio::timer::sleep(Duration::from_millis(10)).await;
                 continue;
             }
@@ -189,7 +204,7 @@ async fn connection(shared: Rc<Shared>, stream: TcpStream, permit: StaticPermit)
     if let Err(error) = result
         && !error.is_incomplete_message()
     {
-        eprintln!("nova connection on shard {} ended: {error}", shared.shard);
+        crate::log_line!("nova connection on shard {} ended: {error}", shared.shard);
     }
     shared.metrics.connection_closed(shared.shard);
     drop(permit);

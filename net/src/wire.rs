@@ -522,6 +522,12 @@ pub fn token_request(body: &[u8]) -> Result<TokenRequest, ApiError> {
         other => other,
     };
     let description = object.str("description")?.unwrap_or_default().to_owned();
+    if let Some(found) = description.chars().find(|c| c.is_control()) {
+        return Err(ApiError::invalid(format!(
+            "field description holds the control character U+{:04X}; it is one line of text",
+            u32::from(found)
+        )));
+    }
     if description.len() > TOKEN_DESCRIPTION_BYTES_MAX {
         return Err(ApiError::invalid(format!(
             "field description is {} bytes, over the limit of {TOKEN_DESCRIPTION_BYTES_MAX}",

@@ -96,6 +96,13 @@ fn every_request_but_health_needs_a_token_the_server_knows() {
         let (status, body) = call(&nova, Some(&wrong), "GET", "/v1/buckets", None);
         assert_eq!((status, body["code"].as_str()), (401, Some("unauthenticated")), "{body}");
     }
+    let twice = nova.call_with(
+        "GET",
+        "/v1/buckets",
+        &[("authorization", &format!("Bearer {ROOT}")), ("authorization", "Bearer other")],
+        None,
+    );
+    assert_eq!(twice.status, 401, "two Authorization headers: {}", twice.text());
     let basic =
         nova.call_with("GET", "/v1/buckets", &[("authorization", &format!("Basic {ROOT}"))], None);
     assert_eq!(basic.status, 401);
@@ -300,6 +307,8 @@ fn a_bad_token_request_is_refused_naming_the_field_and_the_limit() {
         (json!({"grants": ["*:*:read"], "expires_in_seconds": 0}), "expires_in_seconds is 0"),
         (json!({"grants": ["*:*:read"], "description": "d".repeat(257)}), "over the limit of 256"),
         (json!({"grants": ["*:*:read"], "ttl": 5}), "unknown field \"ttl\""),
+        (json!({"grants": ["*:*:read"], "description": "a\u{1b}[2J"}), "control character U+001B"),
+        (json!({"grants": ["stream:apps/a\nb:read"]}), "control character U+000A"),
     ] {
         let refused = expect(&nova, Some(ROOT), "POST", "/v1/tokens", Some(&body), 400);
         assert_eq!(refused["code"], "invalid_argument");
@@ -392,8 +401,24 @@ fn the_cli_carries_its_token_from_the_flag_or_the_environment() {
         &[],
     );
     assert_eq!(code, Some(0), "{stderr}");
-    let token = out.lines().next().expect("the token first").to_owned();
+    assert_eq!(out.lines().count(), 1, "the token alone on stdout: {out}");
+    let token = out.trim_end().to_owned();
     assert!(token.starts_with("nova_"), "{out}");
+    assert!(stderr.contains("shown only now"), "{stderr}");
+    // Saved as the CLI printed it, the token works from a file (its first line).
+    let saved = dir.path().join("saved-token");
+    std::fs::write(&saved, &out).expect("save the token");
+    let saved = saved.to_str().expect("a UTF-8 path");
+    let (code, _, stderr) =
+        nova_cli(&["--auth-token-file", saved, "tail", "nova://apps/none"], &[]);
+    assert_eq!(code, Some(1));
+    assert!(stderr.contains("not_found"), "the token was taken: {stderr}");
+    let empty = dir.path().join("empty-token");
+    std::fs::write(&empty, "\n").expect("write");
+    let (code, _, stderr) =
+        nova_cli(&["--auth-token-file", empty.to_str().unwrap_or(""), "ls"], &[]);
+    assert_eq!(code, Some(2));
+    assert!(stderr.contains("is empty"), "{stderr}");
 
     let (code, out, stderr) = nova_cli(&["token", "list"], &[("NOVA_TOKEN", ROOT)]);
     assert_eq!(code, Some(0), "{stderr}");
@@ -410,8 +435,9 @@ fn the_cli_carries_its_token_from_the_flag_or_the_environment() {
     assert_eq!(code, Some(1));
     assert!(stderr.contains("permission_denied") && stderr.contains("no admin grant"), "{stderr}");
 
+    // A whole token revokes as well as its ID; only the ID is sent.
     let id = token.split('_').nth(1).expect("the id");
-    let (code, out, stderr) = nova_cli(&["token", "revoke", id], &[("NOVA_TOKEN", ROOT)]);
+    let (code, out, stderr) = nova_cli(&["token", "revoke", &token], &[("NOVA_TOKEN", ROOT)]);
     assert_eq!(code, Some(0), "{stderr}");
     assert!(out.contains(&format!("revoked token {id}")), "{out}");
     let (code, _, stderr) = nova_cli(&["tail", "nova://apps/k"], &[("NOVA_TOKEN", &token)]);
@@ -545,4 +571,103 @@ fn tokens_past_the_limit_are_refused_once_the_expired_ones_are_purged() {
         expect(&nova, Some(token), "GET", "/v1/buckets", None, 200);
     }
     expect(&nova, Some(ROOT), "POST", "/v1/tokens", Some(&json!({"grants": ["*:*:read"]})), 412);
+}
+
+#[test]
+fn auth_is_never_off_by_accident() {
+    let dir = tempfile::tempdir().expect("temp dir");
+    let data = dir.path().join("data");
+    let serve = |flags: &[&str], env: &[(&str, &str)]| {
+        Command::new(env!("CARGO_BIN_EXE_nova"))
+            .args(["serve", "--listen", "127.0.0.1:0", "--data-dir"])
+            .arg(dir.path().join("refused"))
+            .args(flags)
+            .env_remove("NOVA_ROOT_TOKEN_FILE")
+            .envs(env.iter().copied())
+            .output()
+            .expect("run nova serve")
+    };
+    for (flags, env) in
+        [(&["--root-token-file", ""][..], &[][..]), (&[][..], &[("NOVA_ROOT_TOKEN_FILE", "")][..])]
+    {
+        let out = serve(flags, env);
+        let stderr = String::from_utf8_lossy(&out.stderr);
+        assert_eq!(out.status.code(), Some(1), "{flags:?} {env:?}: {stderr}");
+        assert!(stderr.contains("--root-token-file (NOVA_ROOT_TOKEN_FILE) is empty"), "{stderr}");
+    }
+    let lines = dir.path().join("two-lines");
+    std::fs::write(&lines, "0123456789abcdef0123\nsecond\n").expect("write");
+    let out = serve(&["--root-token-file", lines.to_str().unwrap_or("")], &[]);
+    assert!(String::from_utf8_lossy(&out.stderr).contains("must hold one line"));
+
+    // A data directory that has tokens, started without a root token, says auth is off.
+    let nova = Nova::start_with(&data, &["--root-token-file", &root_file(dir.path())], &[]);
+    issue(&nova, &["*:*:read"]);
+    assert!(nova.terminate().success());
+    let log = dir.path().join("log");
+    let nova = Nova::start_logging(&data, &[], &log);
+    expect(&nova, None, "GET", "/v1/buckets", None, 200);
+    drop(nova);
+    let log = std::fs::read_to_string(&log).expect("read the log");
+    assert!(log.contains("WARNING: this data directory holds issued tokens"), "{log}");
+}
+
+#[test]
+fn a_long_poll_answers_nothing_read_after_its_token_was_revoked() {
+    let dir = tempfile::tempdir().expect("temp dir");
+    let nova = start(dir.path());
+    autocreating_bucket(&nova, "apps");
+    let (token, id) = issue(&nova, &["bucket:apps:read"]);
+    let path = "/v1/streams/apps/polled/records";
+    expect(&nova, Some(ROOT), "POST", path, Some(&json!({"records": [{"body": "0"}]})), 200);
+    let server = nova.server.clone();
+    let poll = std::thread::spawn(move || {
+        let bearer = format!("Bearer {token}");
+        let headers = [("authorization", bearer.as_str())];
+        net::client::request(
+            &server,
+            "GET",
+            "/v1/streams/apps/polled/records?seq_num=1&wait=30",
+            &headers,
+            None,
+        )
+        .expect("the long poll")
+    });
+    // The poll is waiting once the server counts it in flight.
+    let deadline = Instant::now() + Duration::from_secs(10);
+    loop {
+        let text = nova
+            .call_with("GET", "/metrics", &[("authorization", &format!("Bearer {ROOT}"))], None)
+            .text();
+        let in_flight: u64 = text
+            .lines()
+            .filter(|l| l.starts_with("nova_http_requests_in_flight{"))
+            .filter_map(|l| l.rsplit(' ').next()?.parse::<u64>().ok())
+            .sum();
+        if in_flight >= 2 {
+            break;
+        }
+        assert!(Instant::now() < deadline, "the long poll never started");
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    expect(&nova, Some(ROOT), "DELETE", &format!("/v1/tokens/{id}"), None, 204);
+    expect(&nova, Some(ROOT), "POST", path, Some(&json!({"records": [{"body": "after"}]})), 200);
+    let answer = poll.join().expect("the poll thread");
+    assert_eq!(answer.status, 401, "{}", answer.text());
+    assert!(answer.text().contains("was revoked"), "{}", answer.text());
+}
+
+#[test]
+fn a_log_pipe_whose_reader_went_away_does_not_stop_the_server() {
+    let dir = tempfile::tempdir().expect("temp dir");
+    let nova = Nova::start_with_stderr_closed(
+        &dir.path().join("data"),
+        &["--root-token-file", &root_file(dir.path())],
+    );
+    // Each of these is a log line, written into a closed pipe.
+    for _ in 0..5 {
+        expect(&nova, None, "GET", "/v1/buckets", None, 401);
+    }
+    expect(&nova, None, "GET", "/health", None, 200);
+    expect(&nova, Some(ROOT), "GET", "/v1/buckets", None, 200);
 }

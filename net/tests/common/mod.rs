@@ -123,6 +123,14 @@ impl Nova {
         Nova::launch(Store::Local, data_dir, flags, &[], Stdio::from(log))
     }
 
+    /// A server on the local store whose log pipe's reader has gone away: every log
+    /// write it makes after start fails with EPIPE.
+    pub fn start_with_stderr_closed(data_dir: &Path, flags: &[&str]) -> Nova {
+        let mut nova = Nova::launch(Store::Local, data_dir, flags, &[], Stdio::piped());
+        drop(nova.child.as_mut().and_then(|child| child.stderr.take()));
+        nova
+    }
+
     fn launch(
         store: Store,
         data_dir: &Path,
