@@ -541,6 +541,11 @@ pub fn run(quick: bool) -> Result<(), String> {
     let server = Server::start(&binary, &data_dir, None)?;
     let bucket = "bench";
     create_bucket(&server, bucket)?;
+    // The binary cases also run against a server with auth on (every request carrying a
+    // token), each right after the same case with auth off, so that neither side gets
+    // the quieter minutes of a noisy machine.
+    let authed = Server::start(&binary, &dir.join("data-auth"), Some(BENCH_ROOT_TOKEN))?;
+    create_bucket(&authed, bucket)?;
     let mut cases = Vec::new();
     for format in [Format::Binary, Format::Json] {
         for streams in [1, 100] {
@@ -549,17 +554,15 @@ pub fn run(quick: bool) -> Result<(), String> {
             }
         }
     }
-    let outcomes: Vec<Outcome> =
-        cases.iter().map(|&case| run_case(&server, bucket, case, &durations)).collect();
+    let mut outcomes = Vec::with_capacity(cases.len());
+    let mut auth_cases = Vec::new();
+    for &case in &cases {
+        outcomes.push(run_case(&server, bucket, case, &durations));
+        if case.format == Format::Binary {
+            auth_cases.push((case, run_case(&authed, bucket, case, &durations)));
+        }
+    }
     drop(server);
-    // The same binary cases with auth on: every request carries a token the server checks.
-    let authed = Server::start(&binary, &dir.join("data-auth"), Some(BENCH_ROOT_TOKEN))?;
-    create_bucket(&authed, bucket)?;
-    let auth_cases: Vec<(Case, Outcome)> = cases
-        .iter()
-        .filter(|case| case.format == Format::Binary)
-        .map(|&case| (case, run_case(&authed, bucket, case, &durations)))
-        .collect();
     drop(authed);
     // The engine alone, for the binary cases: same producers, same streams, same disk.
     let engine_alone: Vec<Option<Outcome>> = cases
@@ -660,8 +663,9 @@ pub fn run(quick: bool) -> Result<(), String> {
         "\nTarget (issue 6): binary 64-record batches at 0.40 of raw loopback or more: {target}."
     );
     println!(
-        "\nWith auth on (`--root-token-file`, every request carrying the root token, on its \
-         own data directory), binary cases:\n"
+        "\nWith auth on (`--root-token-file`, every request carrying the root token; a second \
+         server on its own data directory, each case run right after the same case with auth \
+         off), binary cases:\n"
     );
     println!(
         "| streams | records per batch | appends/s | p50 µs | p99 µs | server CPU s/GB | \
