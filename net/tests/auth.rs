@@ -64,6 +64,24 @@ fn issue(nova: &Nova, grants: &[&str]) -> (String, String) {
     (token, id)
 }
 
+/// `nova serve` with `flags` and `env`, which must refuse to start (exit 1) before it
+/// touches its data directory; its stderr.
+fn serve_refused(dir: &Path, flags: &[&str], env: &[(&str, &str)]) -> String {
+    let data = dir.join("refused");
+    let out = Command::new(env!("CARGO_BIN_EXE_nova"))
+        .args(["serve", "--listen", "127.0.0.1:0", "--data-dir"])
+        .arg(&data)
+        .args(flags)
+        .env_remove("NOVA_ROOT_TOKEN_FILE")
+        .envs(env.iter().copied())
+        .output()
+        .expect("run nova serve");
+    let stderr = String::from_utf8_lossy(&out.stderr).into_owned();
+    assert_eq!(out.status.code(), Some(1), "{flags:?} {env:?}: {stderr}");
+    assert!(!data.exists(), "refused before it touched the disk: {flags:?}");
+    stderr
+}
+
 /// The root token creates `bucket`, with streams created on first append.
 fn autocreating_bucket(nova: &Nova, bucket: &str) {
     let config = json!({"create_stream_on_append": true});
@@ -262,6 +280,8 @@ fn tokens_are_listed_without_secrets_revoked_at_once_expire_and_survive_a_restar
     assert_eq!(rest["tokens"].as_array().map(Vec::len), Some(1), "two left after the revocation");
     assert_eq!(rest["next"], "");
     expect(&nova, Some(ROOT), "GET", "/v1/tokens?limit=0", None, 400);
+    let over = expect(&nova, Some(ROOT), "GET", "/v1/tokens?limit=1001", None, 400);
+    assert!(over["message"].as_str().is_some_and(|m| m.contains("between 1 and 1000")), "{over}");
 
     // A token expires at its time: asked for the shortest lifetime, it is refused soon.
     let short = json!({"grants": ["*:*:read"], "expires_in_seconds": 1});
@@ -305,6 +325,10 @@ fn a_bad_token_request_is_refused_naming_the_field_and_the_limit() {
         (json!({"grants": [7]}), "grants[0] must be a string"),
         (json!({"grants": ["bucket:apps:delete"]}), "unknown operation \"delete\""),
         (json!({"grants": ["*:*:read"], "expires_in_seconds": 0}), "expires_in_seconds is 0"),
+        (
+            json!({"grants": ["*:*:read"], "expires_in_seconds": 315_360_001}),
+            "it must be 1 to 315360000",
+        ),
         (json!({"grants": ["*:*:read"], "description": "d".repeat(257)}), "over the limit of 256"),
         (json!({"grants": ["*:*:read"], "ttl": 5}), "unknown field \"ttl\""),
         (json!({"grants": ["*:*:read"], "description": "a\u{1b}[2J"}), "control character U+001B"),
@@ -334,20 +358,16 @@ fn serve_refuses_a_root_token_it_cannot_use_and_auth_serves_any_address() {
     let short = dir.path().join("short");
     std::fs::write(&short, "short\n").expect("write");
     let missing = dir.path().join("missing");
+    let long = dir.path().join("long");
+    std::fs::write(&long, "k".repeat(4097)).expect("write");
     let root = root_file(dir.path());
     for (flags, says) in [
         (vec!["--root-token-file", short.to_str().unwrap_or("")], "the root token is 5 bytes"),
+        (vec!["--root-token-file", long.to_str().unwrap_or("")], "it must be 16 to 4096"),
         (vec!["--root-token-file", missing.to_str().unwrap_or("")], "cannot be read"),
         (vec!["--root-token-file", &root, "--insecure-no-auth"], "give one"),
     ] {
-        let out = Command::new(env!("CARGO_BIN_EXE_nova"))
-            .args(["serve", "--listen", "127.0.0.1:0", "--data-dir"])
-            .arg(dir.path().join("refused"))
-            .args(&flags)
-            .output()
-            .expect("run nova serve");
-        let stderr = String::from_utf8_lossy(&out.stderr);
-        assert_eq!(out.status.code(), Some(1), "{flags:?}: {stderr}");
+        let stderr = serve_refused(dir.path(), &flags, &[]);
         assert!(stderr.contains(says) && stderr.contains("--"), "{flags:?}: {stderr}");
     }
     // With auth on, a non-loopback address needs no --insecure-no-auth.
@@ -577,28 +597,17 @@ fn tokens_past_the_limit_are_refused_once_the_expired_ones_are_purged() {
 fn auth_is_never_off_by_accident() {
     let dir = tempfile::tempdir().expect("temp dir");
     let data = dir.path().join("data");
-    let serve = |flags: &[&str], env: &[(&str, &str)]| {
-        Command::new(env!("CARGO_BIN_EXE_nova"))
-            .args(["serve", "--listen", "127.0.0.1:0", "--data-dir"])
-            .arg(dir.path().join("refused"))
-            .args(flags)
-            .env_remove("NOVA_ROOT_TOKEN_FILE")
-            .envs(env.iter().copied())
-            .output()
-            .expect("run nova serve")
-    };
     for (flags, env) in
         [(&["--root-token-file", ""][..], &[][..]), (&[][..], &[("NOVA_ROOT_TOKEN_FILE", "")][..])]
     {
-        let out = serve(flags, env);
-        let stderr = String::from_utf8_lossy(&out.stderr);
-        assert_eq!(out.status.code(), Some(1), "{flags:?} {env:?}: {stderr}");
+        let stderr = serve_refused(dir.path(), flags, env);
         assert!(stderr.contains("--root-token-file (NOVA_ROOT_TOKEN_FILE) is empty"), "{stderr}");
     }
     let lines = dir.path().join("two-lines");
     std::fs::write(&lines, "0123456789abcdef0123\nsecond\n").expect("write");
-    let out = serve(&["--root-token-file", lines.to_str().unwrap_or("")], &[]);
-    assert!(String::from_utf8_lossy(&out.stderr).contains("must hold one line"));
+    let stderr =
+        serve_refused(dir.path(), &["--root-token-file", lines.to_str().unwrap_or("")], &[]);
+    assert!(stderr.contains("must hold one line"), "{stderr}");
 
     // A data directory that has tokens, started without a root token, says auth is off.
     let nova = Nova::start_with(&data, &["--root-token-file", &root_file(dir.path())], &[]);
