@@ -77,9 +77,81 @@ pub fn parse_body(body: &[u8], accepted: &[&str]) -> Result<Object, ApiError> {
     if body.iter().all(u8::is_ascii_whitespace) {
         return Ok(Object { map: Map::new(), prefix: String::new() });
     }
-    let value: Value = serde_json::from_slice(body)
-        .map_err(|error| ApiError::invalid(format!("request body is not valid JSON: {error}")))?;
+    let Unique(value) = serde_json::from_slice(body).map_err(|error| match error.classify() {
+        // Every JSON value is accepted but an object naming a field twice.
+        serde_json::error::Category::Data => ApiError::invalid(format!("request body {error}")),
+        _ => ApiError::invalid(format!("request body is not valid JSON: {error}")),
+    })?;
     Object::from_value(value, String::new(), "request body", accepted)
+}
+
+/// A JSON value whose objects name each field once. Parsed as a plain `Value`, a
+/// repeated field would keep its last value, so `{"class":"express","class":"standard"}`
+/// would quietly mean standard: refused instead, as an unknown field is.
+struct Unique(Value);
+
+impl<'de> serde::Deserialize<'de> for Unique {
+    fn deserialize<D: serde::Deserializer<'de>>(deserializer: D) -> Result<Self, D::Error> {
+        deserializer.deserialize_any(UniqueVisitor).map(Unique)
+    }
+}
+
+struct UniqueVisitor;
+
+impl<'de> serde::de::Visitor<'de> for UniqueVisitor {
+    type Value = Value;
+
+    fn expecting(&self, formatter: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        formatter.write_str("a JSON value")
+    }
+
+    fn visit_bool<E>(self, value: bool) -> Result<Value, E> {
+        Ok(Value::Bool(value))
+    }
+
+    fn visit_i64<E>(self, value: i64) -> Result<Value, E> {
+        Ok(Value::from(value))
+    }
+
+    fn visit_u64<E>(self, value: u64) -> Result<Value, E> {
+        Ok(Value::from(value))
+    }
+
+    fn visit_f64<E>(self, value: f64) -> Result<Value, E> {
+        Ok(Value::from(value))
+    }
+
+    fn visit_str<E>(self, value: &str) -> Result<Value, E> {
+        Ok(Value::String(value.to_owned()))
+    }
+
+    fn visit_string<E>(self, value: String) -> Result<Value, E> {
+        Ok(Value::String(value))
+    }
+
+    fn visit_unit<E>(self) -> Result<Value, E> {
+        Ok(Value::Null)
+    }
+
+    fn visit_seq<A: serde::de::SeqAccess<'de>>(self, mut seq: A) -> Result<Value, A::Error> {
+        let mut values = Vec::with_capacity(seq.size_hint().unwrap_or(0));
+        while let Some(Unique(value)) = seq.next_element()? {
+            values.push(value);
+        }
+        Ok(Value::Array(values))
+    }
+
+    fn visit_map<A: serde::de::MapAccess<'de>>(self, mut map: A) -> Result<Value, A::Error> {
+        let mut fields = Map::new();
+        while let Some(name) = map.next_key::<String>()? {
+            let Unique(value) = map.next_value()?;
+            if fields.contains_key(&name) {
+                return Err(serde::de::Error::custom(format!("names the field {name:?} twice")));
+            }
+            fields.insert(name, value);
+        }
+        Ok(Value::Object(fields))
+    }
 }
 
 impl Object {
@@ -457,6 +529,22 @@ mod tests {
         let error =
             append_request(br#"{"records":[{"bdy":"x"}]}"#, Encoding::Text).expect_err("refused");
         assert!(error.message.contains("records[0].\"bdy\""), "{}", error.message);
+    }
+
+    #[test]
+    fn a_field_named_twice_is_refused_at_any_depth() {
+        let error =
+            stream_create(br#"{"class":"express","class":"standard"}"#).expect_err("refused");
+        assert!(error.message.contains(r#"names the field "class" twice"#), "{}", error.message);
+        let body = br#"{"records":[{"body":"a","body":"b"}]}"#;
+        let error = append_request(body, Encoding::Text).expect_err("refused");
+        assert!(error.message.contains(r#""body" twice at line 1"#), "{}", error.message);
+        // Not a repeat: the same name in two objects, and repeated values in an array.
+        let body = br#"{"records":[{"body":"a","headers":[["h","1"],["h","1"]]},{"body":"a"}]}"#;
+        append_request(body, Encoding::Text).expect("accepted");
+        // Still JSON that is not valid says so.
+        let error = stream_create(br#"{"class":}"#).expect_err("refused");
+        assert!(error.message.contains("is not valid JSON"), "{}", error.message);
     }
 
     #[test]

@@ -362,6 +362,15 @@ fn append_read_and_their_conditions(nova: &Nova) {
         "invalid_argument",
     );
     assert!(bad["message"].as_str().expect("message").contains("name"), "{bad}");
+    // A condition named twice is refused, not read as its last value (which would pass).
+    let bad = nova.err(
+        "POST",
+        "/v1/streams/bb1/s/records",
+        Some(r#"{"records":[{"body":"x"}],"match_seq_num":10,"match_seq_num":3}"#),
+        400,
+        "invalid_argument",
+    );
+    assert!(bad["message"].as_str().expect("message").contains("\"match_seq_num\" twice"), "{bad}");
     let mismatch = nova.err(
         "POST",
         "/v1/streams/bb1/s/records",
