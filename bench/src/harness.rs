@@ -189,6 +189,40 @@ pub fn cpu_time(pid: Option<u32>) -> Duration {
     Duration::from_micros(ticks * 1_000_000 / per_second)
 }
 
+/// The block device a path lives on, whose bytes written `/proc/diskstats` counts for
+/// every process on the machine (the server's journal and objects, their writeback).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Disk {
+    major: u32,
+    minor: u32,
+}
+
+impl Disk {
+    /// The device holding `path`; `None` on a file system with no device of its own
+    /// (tmpfs, overlay), whose writes no device counts.
+    pub fn of(path: &std::path::Path) -> Option<Disk> {
+        use std::os::unix::fs::MetadataExt;
+        let dev = std::fs::metadata(path).ok()?.dev();
+        let disk = Disk { major: libc::major(dev), minor: libc::minor(dev) };
+        (disk.major != 0 && disk.bytes_written().is_some()).then_some(disk)
+    }
+
+    /// Bytes written to the device since boot (sectors of 512 bytes, field 10).
+    pub fn bytes_written(&self) -> Option<u64> {
+        let stats = std::fs::read_to_string("/proc/diskstats").ok()?;
+        parse_sectors_written(&stats, self.major, self.minor).map(|sectors| sectors * 512)
+    }
+}
+
+fn parse_sectors_written(diskstats: &str, major: u32, minor: u32) -> Option<u64> {
+    diskstats.lines().find_map(|line| {
+        let fields: Vec<&str> = line.split_whitespace().collect();
+        let ours =
+            fields.len() > 9 && fields[0].parse() == Ok(major) && fields[1].parse() == Ok(minor);
+        ours.then(|| fields[9].parse().ok()).flatten()
+    })
+}
+
 /// CPU seconds spent per GB (10^9 bytes) moved.
 pub fn cpu_per_gb(cpu: Duration, bytes: f64) -> f64 {
     cpu.as_secs_f64() / (bytes / 1e9)
@@ -197,6 +231,30 @@ pub fn cpu_per_gb(cpu: Duration, bytes: f64) -> f64 {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn disk_writes_are_read_from_the_line_of_the_device() {
+        let stats = "\
+ 253       0 vda 100 0 800 10 200 0 4096 20 0 30 30 0 0 0 0
+ 253       1 vda1 1 0 8 1 7 0 56 2 0 3 3 0 0 0 0
+";
+        assert_eq!(parse_sectors_written(stats, 253, 0), Some(4096));
+        assert_eq!(parse_sectors_written(stats, 253, 1), Some(56));
+        assert_eq!(parse_sectors_written(stats, 8, 0), None);
+        // The disk under target/ (where the benches write) counts a synced write of 1 MiB.
+        let target = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("../target");
+        let dir = target.join(format!("disk-test-{}", std::process::id()));
+        std::fs::create_dir_all(&dir).expect("dir");
+        if let Some(disk) = Disk::of(&dir) {
+            let before = disk.bytes_written().expect("counted");
+            let file = dir.join("written");
+            std::fs::write(&file, vec![7u8; 1 << 20]).expect("write");
+            std::fs::File::open(&file).and_then(|f| f.sync_all()).expect("sync");
+            let written = disk.bytes_written().expect("counted") - before;
+            assert!(written >= 1 << 20, "1 MiB synced, {written} bytes counted");
+        }
+        std::fs::remove_dir_all(&dir).expect("remove");
+    }
 
     #[test]
     fn cpu_time_counts_this_process_spinning_and_not_a_sleeping_child() {

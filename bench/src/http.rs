@@ -51,6 +51,8 @@ struct Durations {
     /// One pass of the loopback reference (the best of `reference_passes` counts).
     reference: Duration,
     reference_passes: u32,
+    /// Groups of 16 MiB in one pass of the raw disk reference (`journal::raw_reference`).
+    disk_groups: u64,
 }
 
 #[derive(Clone, Copy, PartialEq, Eq)]
@@ -77,6 +79,10 @@ struct Outcome {
     /// `server`, and `client` is zero.
     server_cpu_per_gb: f64,
     client_cpu_per_gb: f64,
+    /// Bytes written to the data directory's disk in the measured time per byte of
+    /// content (every writer on the machine: the server's journal, objects and their
+    /// writeback, and what an earlier case left to settle); `None` with no device.
+    disk_per_content: Option<f64>,
 }
 
 /// CPU readings of the server (a child process, or this one) and of this process, taken
@@ -84,15 +90,25 @@ struct Outcome {
 struct CpuSpent {
     server: Option<u32>,
     started: Option<(Duration, Duration)>,
+    /// The data directory's disk, and its bytes written when measuring began.
+    disk: Option<harness::Disk>,
+    disk_started: Option<u64>,
 }
 
 impl CpuSpent {
-    fn of(server: Option<u32>) -> Self {
-        Self { server, started: None }
+    fn of(server: Option<u32>, data_dir: &Path) -> Self {
+        Self { server, started: None, disk: harness::Disk::of(data_dir), disk_started: None }
     }
 
     fn start(&mut self) {
         self.started = Some(self.now());
+        self.disk_started = self.disk.and_then(|disk| disk.bytes_written());
+    }
+
+    /// Bytes written to the disk since `start` per byte of `content`.
+    fn disk_per_content(&self, content: f64) -> Option<f64> {
+        let now = self.disk?.bytes_written()?;
+        Some((now - self.disk_started?) as f64 / content)
     }
 
     fn now(&self) -> (Duration, Duration) {
@@ -121,6 +137,7 @@ struct Server {
     /// The `Authorization` header value every request carries (auth on), if any.
     authorization: Option<String>,
     log: PathBuf,
+    data_dir: PathBuf,
     // Held so the server's stdout stays open while it runs.
     _stdout: BufReader<ChildStdout>,
 }
@@ -161,7 +178,15 @@ impl Server {
             if let Some(url) = line.trim().strip_prefix("nova listening on http://") {
                 let authority = url.to_owned();
                 let authorization = root_token.map(|token| format!("Bearer {token}"));
-                return Ok(Server { child, authority, authorization, log, _stdout: stdout });
+                let data_dir = data_dir.to_owned();
+                return Ok(Server {
+                    child,
+                    authority,
+                    authorization,
+                    log,
+                    data_dir,
+                    _stdout: stdout,
+                });
             }
         }
     }
@@ -303,7 +328,7 @@ fn run_case(server: &Server, bucket: &str, case: Case, durations: &Durations) ->
         Format::Json => "json",
         Format::Binary => "bin",
     };
-    let mut cpu = CpuSpent::of(Some(server.child.id()));
+    let mut cpu = CpuSpent::of(Some(server.child.id()), &server.data_dir);
     let run = harness::closed_loop(
         CONNECTIONS,
         durations.warmup,
@@ -338,8 +363,9 @@ fn run_case(server: &Server, bucket: &str, case: Case, durations: &Durations) ->
         },
         || cpu.start(),
     );
-    let (server_cpu_per_gb, client_cpu_per_gb) =
-        cpu.per_gb(run.total((case.records * RECORD_BYTES) as u64));
+    let content = run.total((case.records * RECORD_BYTES) as u64);
+    let (server_cpu_per_gb, client_cpu_per_gb) = cpu.per_gb(content);
+    let disk_per_content = cpu.disk_per_content(content);
     Outcome {
         appends_per_second: run.rate(1),
         content_bytes_per_second: run.rate((case.records * RECORD_BYTES) as u64),
@@ -348,6 +374,7 @@ fn run_case(server: &Server, bucket: &str, case: Case, durations: &Durations) ->
         refused: run.refused,
         server_cpu_per_gb,
         client_cpu_per_gb,
+        disk_per_content,
     }
 }
 
@@ -376,7 +403,7 @@ fn in_process(data_dir: &Path, case: Case, durations: &Durations) -> Outcome {
     block_on(client.control().create_bucket(&bucket, &request, None)).expect("bucket");
     let (_, framed) = append_body(Format::Binary, case.records);
     let framed = engine::framing::FramedBody::from(framed);
-    let mut cpu = CpuSpent::of(None);
+    let mut cpu = CpuSpent::of(None, data_dir);
     let run = harness::closed_loop(
         CONNECTIONS,
         durations.warmup,
@@ -398,8 +425,9 @@ fn in_process(data_dir: &Path, case: Case, durations: &Durations) -> Outcome {
         },
         || cpu.start(),
     );
-    let (server_cpu_per_gb, client_cpu_per_gb) =
-        cpu.per_gb(run.total((case.records * RECORD_BYTES) as u64));
+    let content = run.total((case.records * RECORD_BYTES) as u64);
+    let (server_cpu_per_gb, client_cpu_per_gb) = cpu.per_gb(content);
+    let disk_per_content = cpu.disk_per_content(content);
     drop(client);
     node.stop();
     Outcome {
@@ -410,6 +438,7 @@ fn in_process(data_dir: &Path, case: Case, durations: &Durations) -> Outcome {
         refused: 0,
         server_cpu_per_gb,
         client_cpu_per_gb,
+        disk_per_content,
     }
 }
 
@@ -522,6 +551,7 @@ pub fn run(quick: bool) -> Result<(), String> {
             measure: Duration::from_millis(100),
             reference: Duration::from_millis(100),
             reference_passes: 1,
+            disk_groups: 2,
         }
     } else {
         Durations {
@@ -529,6 +559,7 @@ pub fn run(quick: bool) -> Result<(), String> {
             measure: Duration::from_secs(3),
             reference: Duration::from_secs(1),
             reference_passes: 3,
+            disk_groups: 48,
         }
     };
     // On the real disk (not a tmpfs): express appends are acknowledged from its journal.
@@ -538,6 +569,7 @@ pub fn run(quick: bool) -> Result<(), String> {
     let data_dir = dir.join("data");
 
     let loopback_before = loopback_reference(durations.reference, durations.reference_passes);
+    let disk_before = crate::journal::raw_reference(&dir, durations.disk_groups);
     let server = Server::start(&binary, &data_dir, None)?;
     let bucket = "bench";
     create_bucket(&server, bucket)?;
@@ -574,6 +606,7 @@ pub fn run(quick: bool) -> Result<(), String> {
         })
         .collect();
     let loopback_after = loopback_reference(durations.reference, durations.reference_passes);
+    let disk = disk_before.max(crate::journal::raw_reference(&dir, durations.disk_groups));
     let loopback_cpu_per_gb = [&loopback_before, &loopback_after]
         .into_iter()
         .max_by(|a, b| a.bytes_per_second.total_cmp(&b.bytes_per_second))
@@ -595,7 +628,11 @@ pub fn run(quick: bool) -> Result<(), String> {
          columns: core-seconds per GB of content in the measured time (`/proc/<pid>/stat`), \
          the server process's and the client's (this process); in process, the node and \
          its producers together. {cores} cores: at server + client core-seconds per GB, \
-         the most the machine can carry is {cores} / (their sum) GB/s.\n",
+         the most the machine can carry is {cores} / (their sum) GB/s. Disk: the bytes \
+         written to the data directory's disk in the measured time (`/proc/diskstats`, every \
+         writer) per byte of content, and at that many, what the raw disk allows: 1 MiB \
+         O_DIRECT writes, an fdatasync per 16, best of before and after the cases: \
+         {:.0} MB/s.\n",
         binary.display(),
         knobs_from_environment(),
         durations.measure.as_secs_f64(),
@@ -605,14 +642,18 @@ pub fn run(quick: bool) -> Result<(), String> {
         loopback / 1e6,
         loopback_before / 1e6,
         loopback_after / 1e6,
+        disk / 1e6,
     );
     println!(
         "| format | streams | records per batch | appends/s | MB/s content | MB/s of requests | \
          ratio to loopback (content) | p50 µs | p99 µs | refused | server CPU s/GB | \
-         client CPU s/GB | CPU bound MB/s | engine alone MB/s | engine alone p50 µs | \
+         client CPU s/GB | CPU bound MB/s | disk bytes per content byte | disk bound MB/s | \
+         engine alone MB/s | engine alone p50 µs | \
          engine alone CPU s/GB | HTTP / engine alone |"
     );
-    println!("|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|");
+    println!(
+        "|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|"
+    );
     for ((case, outcome), alone) in cases.iter().zip(&outcomes).zip(&engine_alone) {
         let alone_text = match alone {
             Some(alone) => format!(
@@ -626,9 +667,13 @@ pub fn run(quick: bool) -> Result<(), String> {
         };
         let cpu_bound =
             cores as f64 / (outcome.server_cpu_per_gb + outcome.client_cpu_per_gb) * 1e3;
+        let disk_text = match outcome.disk_per_content {
+            Some(per) => format!("{per:.2} | {:.0}", disk / per / 1e6),
+            None => "– | –".to_owned(),
+        };
         println!(
             "| {} | {} | {} | {:.0} | {:.1} | {:.1} | {:.3} | {} | {} | {} | {:.2} | {:.2} | \
-             {cpu_bound:.0} | {alone_text} |",
+             {cpu_bound:.0} | {disk_text} | {alone_text} |",
             match case.format {
                 Format::Json => "JSON",
                 Format::Binary => "binary",
@@ -651,8 +696,12 @@ pub fn run(quick: bool) -> Result<(), String> {
         .zip(&outcomes)
         .filter(|(case, _)| case.format == Format::Binary && case.records == 64)
         .map(|(case, outcome)| {
+            let disk_bound = match outcome.disk_per_content {
+                Some(per) => format!(", the disk's bound {:.2}", disk / per / loopback),
+                None => String::new(),
+            };
             format!(
-                "{} stream(s): {:.2}",
+                "{} stream(s): {:.2}{disk_bound}",
                 case.streams,
                 outcome.content_bytes_per_second / loopback
             )
