@@ -188,13 +188,17 @@ pub fn main(args: Vec<String>) -> i32 {
             println!("{}", crate::serve::help());
             return 0;
         }
-        return match crate::serve::run(&args[1..]) {
+        let code = match crate::serve::run(&args[1..]) {
             Ok(()) => 0,
             Err(error) => {
-                eprintln!("nova serve: {error}");
+                crate::log_line!("nova serve: {error}");
                 1
             }
         };
+        // Every line logged is written before the exit, but a log nobody reads does not
+        // hold the exit for long.
+        crate::log::flush(std::time::Duration::from_secs(1));
+        return code;
     }
     if args.first().map(String::as_str) == Some("doctor") {
         return crate::doctor::main(&args[1..]);

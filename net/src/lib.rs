@@ -7,13 +7,12 @@
 //! engine's leader does, reached through `engine::node::Client`); every request body is
 //! bounded before it is held whole.
 
-/// A line on the server's stderr (its log) that never panics: a log pipe whose reader
-/// went away must not take the server down, as `eprintln!` would (it panics on EPIPE).
+/// A line on the server's log (stderr), through [`log`]: never written by a shard
+/// itself, and never panicking as `eprintln!` would when the log's reader went away.
 macro_rules! log_line {
-    ($($arg:tt)*) => {{
-        use std::io::Write as _;
-        let _ = writeln!(std::io::stderr().lock(), $($arg)*);
-    }};
+    ($($arg:tt)*) => {
+        $crate::log::line(format_args!($($arg)*))
+    };
 }
 pub(crate) use log_line;
 
@@ -25,6 +24,7 @@ pub mod client;
 pub mod doctor;
 pub mod error;
 mod io;
+pub mod log;
 pub mod metrics;
 pub mod serve;
 pub mod server;

@@ -139,6 +139,12 @@ impl Metrics {
                 "nova_http_log_lines_suppressed_total{{shard=\"{shard}\"}} {suppressed}"
             );
         }
+        out.push_str(
+            "# HELP nova_log_lines_dropped_total Log lines dropped because the log was not \
+             read fast enough (--log-queue-lines waiting).\n",
+        );
+        out.push_str("# TYPE nova_log_lines_dropped_total counter\n");
+        let _ = writeln!(out, "nova_log_lines_dropped_total {}", crate::log::dropped());
         let engine_counters: [(EngineCounter, &str); 18] = [
             (
                 ("nova_shard_groups_total", "journal group commits written", ShardStats::groups),

@@ -19,11 +19,12 @@ use crate::server::{self, ServerConfig};
 /// The HTTP server's knobs; the engine's are `engine::node::engine_knobs()` and the S3
 /// store's [`S3_KNOBS`]. Together they are every knob (`tuning::KNOBS`), and `nova serve`
 /// takes each as a flag.
-pub const HTTP_KNOBS: [Knob; 6] = [
+pub const HTTP_KNOBS: [Knob; 7] = [
     tuning::HTTP_CONNECTIONS_MAX,
     tuning::HTTP_BODY_BYTES_MAX,
     tuning::HTTP_LOG_SLOW_MS,
     tuning::HTTP_LOG_LINES_PER_SECOND,
+    tuning::LOG_QUEUE_LINES,
     tuning::SSE_HEARTBEAT_MS,
     tuning::TOKENS_MAX,
 ];
@@ -324,6 +325,10 @@ pub fn run(args: &[String]) -> Result<(), String> {
     server_config.settings.log_lines_per_second = knob(&flags, tuning::HTTP_LOG_LINES_PER_SECOND)?;
     server_config.settings.heartbeat =
         Duration::from_millis(knob(&flags, tuning::SSE_HEARTBEAT_MS)?);
+
+    let log_queue_lines = knob(&flags, tuning::LOG_QUEUE_LINES)?;
+    crate::log::start(usize::try_from(log_queue_lines).unwrap_or(usize::MAX))
+        .map_err(|e| format!("cannot start the log writer thread: {e}"))?;
 
     // Registered before the node starts, so a signal during start is not lost.
     let mut signals =

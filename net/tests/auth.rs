@@ -378,6 +378,8 @@ fn serve_refuses_a_root_token_it_cannot_use_and_auth_serves_any_address() {
         &log,
     );
     expect(&nova, Some(ROOT), "GET", "/v1/buckets", None, 200);
+    // Stopped, so every line it logged is written.
+    assert!(nova.terminate().success());
     let log = std::fs::read_to_string(&log).expect("read the log");
     assert!(log.contains("authentication on") && !log.contains("WARNING"), "{log}");
 }
@@ -616,7 +618,7 @@ fn auth_is_never_off_by_accident() {
     let log = dir.path().join("log");
     let nova = Nova::start_logging(&data, &[], &log);
     expect(&nova, None, "GET", "/v1/buckets", None, 200);
-    drop(nova);
+    assert!(nova.terminate().success());
     let log = std::fs::read_to_string(&log).expect("read the log");
     assert!(log.contains("WARNING: this data directory holds issued tokens"), "{log}");
 }

@@ -1138,6 +1138,8 @@ fn a_non_loopback_address_is_served_only_with_insecure_no_auth_and_a_warning() {
     let flags = ["--listen", "0.0.0.0:0", "--insecure-no-auth"];
     let nova = Nova::start_logging(&dir.path().join("data"), &flags, &log);
     nova.ok("GET", "/health", None, 200);
+    // Stopped, so every line it logged is written.
+    assert!(nova.terminate().success());
     let log = std::fs::read_to_string(&log).expect("read the log");
     assert!(log.contains("WARNING: listening on 0.0.0.0:") && log.contains("authentication"));
     assert!(log.contains("nova: 2 shards (--shards) and one uploader thread, on "), "{log}");
@@ -1161,7 +1163,7 @@ fn a_flood_of_failing_requests_writes_a_bounded_log() {
         .filter(|l| l.starts_with("nova_http_log_lines_suppressed_total{"))
         .filter_map(|l| l.rsplit(' ').next()?.parse::<usize>().ok())
         .sum();
-    drop(nova);
+    assert!(nova.terminate().success());
     let log = std::fs::read_to_string(&log).expect("read the log");
     let written = log.lines().filter(|l| l.contains("route=get_bucket status=404")).count();
     // Every failed request is either a line or a count, and at most 3 lines a second
@@ -1169,6 +1171,43 @@ fn a_flood_of_failing_requests_writes_a_bounded_log() {
     assert_eq!(written + suppressed, FAILED, "{log}");
     assert!(written as u64 <= 3 * 2 * seconds, "{written} lines in {seconds} s: {log}");
     assert!(suppressed > 0, "60 failures in {seconds} s fit 3 lines a second? {log}");
+}
+
+/// A log that is open but never read fills its pipe (64 KiB here); the server logs
+/// through a thread of its own, so its shards go on answering, the lines past the queue
+/// are counted, and it still stops on SIGTERM.
+#[test]
+fn a_log_nobody_reads_stops_no_request() {
+    let dir = tempdir();
+    // Every request logged (0 ms is slow enough), none held back by the rate, and room
+    // for 64 lines waiting.
+    let flags = [
+        "--http-log-slow-ms",
+        "0",
+        "--http-log-lines-per-second",
+        "1000000",
+        "--log-queue-lines",
+        "64",
+    ];
+    let nova = Nova::start_with_stderr_unread(&dir.path().join("data"), &flags);
+    // Each line is over 150 bytes: 2000 are several times what the pipe holds.
+    // Each answered within 10 s: a shard blocked on the pipe would answer none.
+    for i in 0..2000 {
+        let path = format!("/v1/buckets/none-{i}");
+        let patience = Some(Duration::from_secs(10));
+        let answer = net::client::http::open(&nova.server, "GET", &path, &[], None, patience)
+            .unwrap_or_else(|e| panic!("GET {path}: {e}"));
+        assert_eq!(answer.status, 404, "GET {path}");
+    }
+    let metrics = nova.call("GET", "/metrics", None).text();
+    let dropped: u64 = metrics
+        .lines()
+        .find_map(|l| l.strip_prefix("nova_log_lines_dropped_total ")?.parse().ok())
+        .expect("the dropped lines' counter");
+    assert!(dropped > 0, "2000 lines fit a pipe nobody reads? {metrics}");
+    let started = Instant::now();
+    assert!(nova.terminate().success());
+    assert!(started.elapsed() < Duration::from_secs(20), "stopping took {:?}", started.elapsed());
 }
 
 fn sigterm_case(store: Store) {

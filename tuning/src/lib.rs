@@ -567,6 +567,18 @@ pub const HTTP_LOG_LINES_PER_SECOND: Knob = Knob {
     reason: "a flood of failing requests (a scanner without a token, a producer stuck on a bad batch) would otherwise spend an eighth of the shard's core on log writes and bury the log; 100 a second per shard is more than anyone reads",
 };
 
+/// Log lines waiting for the log writer thread.
+pub const LOG_QUEUE_LINES: Knob = Knob {
+    flag: "log-queue-lines",
+    env: "NOVA_LOG_QUEUE_LINES",
+    unit: Unit::Count,
+    default: 4_096,
+    min: 1,
+    max: 1_000_000,
+    help: "log lines waiting for the thread that writes the log (stderr); past it, lines are dropped and counted (nova_log_lines_dropped_total), and the next line written says how many were",
+    reason: "a shard never writes the log itself, so a log reader that stops reading (a full pipe) stalls no request; 4096 lines (under a MiB) cover a burst of a second at every shard's --http-log-lines-per-second",
+};
+
 /// How often an idle subscription sends a heartbeat.
 pub const SSE_HEARTBEAT_MS: Knob = Knob {
     flag: "sse-heartbeat-ms",
@@ -623,6 +635,7 @@ pub const KNOBS: &[Knob] = &[
     HTTP_BODY_BYTES_MAX,
     HTTP_LOG_SLOW_MS,
     HTTP_LOG_LINES_PER_SECOND,
+    LOG_QUEUE_LINES,
     SSE_HEARTBEAT_MS,
     TOKENS_MAX,
 ];

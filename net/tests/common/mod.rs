@@ -131,6 +131,12 @@ impl Nova {
         nova
     }
 
+    /// A server on the local store whose log is a pipe that nobody reads: once the pipe
+    /// is full, every write to it would block.
+    pub fn start_with_stderr_unread(data_dir: &Path, flags: &[&str]) -> Nova {
+        Nova::launch(Store::Local, data_dir, flags, &[], Stdio::piped())
+    }
+
     fn launch(
         store: Store,
         data_dir: &Path,
