@@ -30,8 +30,9 @@ const USAGE: &str = "usage: bench <codec|journal|engine|objects|http|all> [--qui
           next to raw PUTs of the same store in the same run; objects/s, bytes per PUT
           (writes under target/bench-objects)
   http    JSON and binary appends over loopback HTTP to a `nova serve` child process
-          (target/ci/nova, next to this binary), next to raw loopback TCP in the same run
-          (writes under target/bench-http)
+          (target/ci/nova, next to this binary), next to raw loopback TCP and raw
+          O_DIRECT writes in the same run, with the disk bytes each case wrote per byte
+          of content (writes under target/bench-http)
   all     every suite above
   --quick small workloads, one pass: a smoke run, not a measurement
   --objects-dir=DIR
