@@ -22,7 +22,7 @@ use std::cell::RefCell;
 use std::collections::BTreeMap;
 use std::fmt;
 use std::rc::Rc;
-use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
 use std::sync::{Arc, RwLock, RwLockReadGuard, RwLockWriteGuard};
 
 use engine::auth::{
@@ -53,6 +53,37 @@ pub struct Auth {
     generation: AtomicU64,
     /// Unexpired issued tokens kept at most (`--tokens-max`).
     tokens_max: usize,
+    /// Places in the table held by issues in flight ([`Place`]): taken under the table's
+    /// read lock, so issues racing on several shards cannot pass `tokens_max` together.
+    issuing: AtomicUsize,
+}
+
+/// A place in the token table held for one issue while it writes its row: filled with
+/// the token, or given back when dropped unfilled.
+struct Place<'a> {
+    auth: &'a Auth,
+    filled: bool,
+}
+
+impl Place<'_> {
+    /// Puts the issued token in the place: in the table, and no longer held.
+    fn fill(mut self, record: Arc<TokenRecord>) {
+        let mut table = self.auth.write_table();
+        table
+            .as_mut()
+            .expect("a shard serves only once the table is loaded")
+            .insert(record.id.clone(), record);
+        self.auth.issuing.fetch_sub(1, Ordering::AcqRel);
+        self.filled = true;
+    }
+}
+
+impl Drop for Place<'_> {
+    fn drop(&mut self) {
+        if !self.filled {
+            self.auth.issuing.fetch_sub(1, Ordering::AcqRel);
+        }
+    }
 }
 
 impl fmt::Debug for Auth {
@@ -139,6 +170,7 @@ impl Auth {
             tokens: RwLock::new(None),
             generation: AtomicU64::new(0),
             tokens_max,
+            issuing: AtomicUsize::new(0),
         })
     }
 
@@ -271,7 +303,7 @@ impl Auth {
         if let Caller::Token(issuer) = issuer {
             within(issuer, &grants, expires_at_ms)?;
         }
-        self.make_room(control, now_ms).await?;
+        let place = self.make_room(control, now_ms).await?;
         // An ID already taken is drawn again: at 64 random bits, in practice never.
         for _ in 0..engine::control::ATTEMPTS_MAX {
             let mut random = [0u8; ID_BYTES + SECRET_BYTES];
@@ -290,10 +322,7 @@ impl Auth {
             match control.put_token(&record).await {
                 Ok(()) => {
                     let record = Arc::new(record);
-                    self.write_table()
-                        .as_mut()
-                        .expect("a shard serves only once the table is loaded")
-                        .insert(record.id.clone(), Arc::clone(&record));
+                    place.fill(Arc::clone(&record));
                     return Ok((record, token));
                 }
                 Err(engine::Error::Contended { .. }) => continue,
@@ -303,35 +332,46 @@ impl Auth {
         Err(ApiError::internal("could not draw an unused token ID"))
     }
 
-    /// Refuses an issue past `--tokens-max` unexpired tokens, after purging the expired
-    /// ones when the table is full. (Issues racing on several shards may pass the limit
-    /// by one each.)
+    /// A place for one more token, or a refusal past `--tokens-max` unexpired tokens
+    /// (counting the places of issues in flight), after purging the expired ones when
+    /// there is none.
     async fn make_room(
         &self,
         control: &ControlPlane<RedbMetaStore>,
         now_ms: u64,
-    ) -> Result<(), ApiError> {
-        let expired_ids: Vec<String> = {
-            let table = self.read_table();
-            let Some(table) = table.as_ref().filter(|t| t.len() >= self.tokens_max) else {
-                return Ok(());
-            };
+    ) -> Result<Place<'_>, ApiError> {
+        if let Some(place) = self.take_place() {
+            return Ok(place);
+        }
+        let expired_ids: Vec<String> = self.read_table().as_ref().map_or_else(Vec::new, |table| {
             table.values().filter(|t| expired(t, now_ms).is_some()).map(|t| t.id.clone()).collect()
-        };
+        });
         for id in &expired_ids {
             self.revoke(control, id).await?;
         }
-        let kept = self.read_table().as_ref().map_or(0, Table::len);
-        if kept >= self.tokens_max {
-            return Err(ApiError::from_code(
+        self.take_place().ok_or_else(|| {
+            ApiError::from_code(
                 engine::Code::FailedPrecondition,
                 format!(
                     "this node keeps at most {} unexpired tokens (--tokens-max); revoke some first",
                     self.tokens_max
                 ),
-            ));
-        }
-        Ok(())
+            )
+        })
+    }
+
+    /// A place if the table and the issues in flight leave one.
+    fn take_place(&self) -> Option<Place<'_>> {
+        // Held while the place is taken: an insert (under the write lock) cannot slip
+        // between the count and the reservation.
+        let table = self.read_table();
+        let kept = table.as_ref().map_or(0, Table::len);
+        self.issuing
+            .fetch_update(Ordering::AcqRel, Ordering::Acquire, |issuing| {
+                (kept + issuing < self.tokens_max).then_some(issuing + 1)
+            })
+            .ok()?;
+        Some(Place { auth: self, filled: false })
     }
 
     /// Revokes a token: from metadata, then from every shard's view at once.
@@ -487,6 +527,32 @@ mod tests {
         };
         auth.write_table().get_or_insert_default().insert(id.clone(), Arc::new(record));
         id
+    }
+
+    #[test]
+    fn issues_in_flight_hold_their_places_so_racing_ones_cannot_pass_the_limit() {
+        let auth = Auth::with_root_token("0123456789abcdef", "f", 2).unwrap();
+        *auth.write_table() = Some(Table::new());
+        let (first, second) = (auth.take_place(), auth.take_place());
+        assert!(first.is_some() && second.is_some(), "room for two");
+        assert!(auth.take_place().is_none(), "two issues in flight fill a table of two");
+        drop(second); // its row was not written
+        let third = auth.take_place().expect("a place given back is free again");
+        let token = format!("nova_{}_{}", "ab".repeat(8), "cd".repeat(32));
+        let id = issued_id(&token).expect("an issued token").to_owned();
+        let record = TokenRecord {
+            id: id.clone(),
+            hash: sha256(token.as_bytes()),
+            grants: Vec::new(),
+            created_at_ms: 0,
+            expires_at_ms: None,
+            description: String::new(),
+        };
+        first.expect("taken").fill(Arc::new(record));
+        assert!(auth.read_table().as_ref().is_some_and(|t| t.contains_key(&id)));
+        assert!(auth.take_place().is_none(), "one kept and one in flight");
+        drop(third);
+        assert!(auth.take_place().is_some(), "one kept, one free");
     }
 
     #[test]
