@@ -44,6 +44,8 @@ const REQUEST_ID_BYTES_MAX: usize = 128;
 #[derive(Clone, Debug)]
 pub struct Settings {
     pub body_bytes_max: u64,
+    /// The request target plus every header name and value, at most.
+    pub head_bytes_max: u64,
     /// A request that succeeds is logged only when it took at least this long.
     pub log_slow: Duration,
     /// Request log lines a shard writes per second at most.
@@ -147,6 +149,15 @@ impl LogBudget {
     }
 }
 
+/// The bytes of a request's head as `--http-head-bytes-max` counts them: the request
+/// target and every header name and value.
+fn head_bytes(request: &Request<Incoming>) -> u64 {
+    let target = request.uri().path_and_query().map_or(0, |target| target.as_str().len());
+    let headers: usize =
+        request.headers().iter().map(|(name, value)| name.as_str().len() + value.len()).sum();
+    (target + headers) as u64
+}
+
 fn request_id(shared: &Shared, request: &Request<Incoming>) -> String {
     let sent = REQUEST_ID_HEADERS
         .iter()
@@ -217,6 +228,17 @@ async fn route(
     let segments: Vec<&str> = path.trim_start_matches('/').split('/').collect();
     let not_allowed =
         |allowed: &str| Err(ApiError::method_not_allowed(method.as_str(), &path, allowed));
+    // A head past the limit is refused before anything in it is read.
+    let head = head_bytes(&request);
+    if head > shared.settings.head_bytes_max {
+        let message = format!(
+            "request head (target and headers) is {head} bytes, over the limit of {} bytes \
+             (--{})",
+            shared.settings.head_bytes_max,
+            tuning::HTTP_HEAD_BYTES_MAX.flag
+        );
+        return ("head_too_large", Err(ApiError::invalid(message)));
+    }
     // Who is calling comes first: a caller without a valid token learns nothing else.
     let caller = match segments.as_slice() {
         ["health"] => Caller::Anyone,

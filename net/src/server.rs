@@ -48,6 +48,7 @@ impl ServerConfig {
             auth: None,
             settings: Settings {
                 body_bytes_max: tuning::HTTP_BODY_BYTES_MAX.default,
+                head_bytes_max: tuning::HTTP_HEAD_BYTES_MAX.default,
                 log_slow: Duration::from_millis(tuning::HTTP_LOG_SLOW_MS.default),
                 log_lines_per_second: tuning::HTTP_LOG_LINES_PER_SECOND.default,
                 heartbeat: Duration::from_millis(tuning::SSE_HEARTBEAT_MS.default),

@@ -1173,6 +1173,26 @@ fn a_flood_of_failing_requests_writes_a_bounded_log() {
     assert!(suppressed > 0, "60 failures in {seconds} s fit 3 lines a second? {log}");
 }
 
+#[test]
+fn a_request_head_past_the_limit_is_refused_naming_it() {
+    let dir = tempdir();
+    let nova = Nova::start_with(&dir.path().join("data"), &["--http-head-bytes-max", "16KiB"], &[]);
+    let padding = "x".repeat(16 << 10);
+    let refused = nova.call_with("GET", "/health", &[("x-padding", &padding)], None);
+    assert_eq!(refused.status, 400, "{}", refused.text());
+    let error = refused.json();
+    assert_eq!(error["code"], "invalid_argument", "{error}");
+    let message = error["message"].as_str().expect("a message");
+    assert!(message.contains("over the limit of 16384 bytes (--http-head-bytes-max)"), "{message}");
+    // The request target counts too.
+    let long_key = "k".repeat(16 << 10);
+    let refused = nova.call("GET", &format!("/v1/streams/apps/{long_key}"), None);
+    assert_eq!(refused.status, 400, "{}", refused.text());
+    // A head within the limit (the client's own headers are under 200 bytes) is served.
+    let padding = "x".repeat((16 << 10) - 200);
+    assert_eq!(nova.call_with("GET", "/health", &[("x-padding", &padding)], None).status, 200);
+}
+
 /// A log that is open but never read fills its pipe (64 KiB here); the server logs
 /// through a thread of its own, so its shards go on answering, the lines past the queue
 /// are counted, and it still stops on SIGTERM.

@@ -543,6 +543,18 @@ pub const HTTP_BODY_BYTES_MAX: Knob = Knob {
     reason: "the largest valid batch is 100 MiB of content; base64 in JSON adds a third, so 160 MiB takes every valid batch in either encoding",
 };
 
+/// The largest request head nova reads a request from.
+pub const HTTP_HEAD_BYTES_MAX: Knob = Knob {
+    flag: "http-head-bytes-max",
+    env: "NOVA_HTTP_HEAD_BYTES_MAX",
+    unit: Unit::Bytes,
+    default: 64 << 10,
+    min: 8 << 10,
+    max: 256 << 10,
+    help: "largest HTTP request head (the request target plus every header name and value); a larger one is refused (invalid_argument) naming this limit, before the request is routed; past about 400 KiB the HTTP library itself answers 431",
+    reason: "nova's requests carry a token, a content type and a request id, well under 1 KiB; 64 KiB passes any proxy's headers (most stop at 8-64 KiB) and bounds what a connection holds before its body",
+};
+
 /// Which requests get a log line: failed ones always, the rest when slower than this.
 pub const HTTP_LOG_SLOW_MS: Knob = Knob {
     flag: "http-log-slow-ms",
@@ -633,6 +645,7 @@ pub const KNOBS: &[Knob] = &[
     S3_MULTIPART_CONCURRENCY,
     HTTP_CONNECTIONS_MAX,
     HTTP_BODY_BYTES_MAX,
+    HTTP_HEAD_BYTES_MAX,
     HTTP_LOG_SLOW_MS,
     HTTP_LOG_LINES_PER_SECOND,
     LOG_QUEUE_LINES,
