@@ -31,6 +31,9 @@ workload:
   --in-flight N             unacknowledged appends per connection (default 64)
   --duration D              measured time (default 10s; 500ms, 10s, 2m)
   --warmup D                time before measuring (default 2s)
+  --drain D                 after sending stops, how long to wait for the acknowledgements in
+                            flight and for followers to reach the final tails; also the most
+                            any read of a call outside the load waits (default 30s)
   --class standard|express  storage class of the streams (default standard)
   --format binary|json      append and read encoding (default binary)
   --connections N           append connections per stream (default 1); a nova shard serves
@@ -102,6 +105,9 @@ pub struct Config {
     pub in_flight: usize,
     pub duration: Duration,
     pub warmup: Duration,
+    /// After sending stops, how long acknowledgements in flight and followers reaching the
+    /// final tails are waited for.
+    pub drain: Duration,
     pub class: StorageClass,
     pub format: Format,
     pub connections: usize,
@@ -139,6 +145,7 @@ impl Config {
             in_flight: 64,
             duration: Duration::from_secs(10),
             warmup: Duration::from_secs(2),
+            drain: Duration::from_secs(30),
             class: StorageClass::Standard,
             format: Format::Binary,
             connections: 1,
@@ -201,6 +208,7 @@ impl Config {
                 "--in-flight" => c.in_flight = count(&flag, &value()?, 1, 65_536)?,
                 "--duration" => c.duration = duration(&flag, &value()?)?,
                 "--warmup" => c.warmup = duration(&flag, &value()?)?,
+                "--drain" => c.drain = duration(&flag, &value()?)?,
                 "--class" => {
                     c.class = StorageClass::parse(&value()?).map_err(|e| format!("--class: {e}"))?
                 }
@@ -252,6 +260,9 @@ impl Config {
             (false, Some(r)) => Load::Open { records_per_second: r },
             (false, None) => c.load,
         };
+        if c.drain.is_zero() {
+            return Err("--drain must be above 0".into());
+        }
         if c.duration.is_zero() {
             return Err("--duration must be above 0".into());
         }
@@ -353,9 +364,13 @@ mod tests {
             "--rate",
             "500",
             "--duration=1500ms",
+            "--drain",
+            "2s",
         ])
         .unwrap()
         .unwrap();
+        assert_eq!(c.drain, Duration::from_secs(2));
+        assert_eq!(parse(&["--spawn"]).unwrap().unwrap().drain, Duration::from_secs(30));
         assert_eq!(c.streams, 4);
         assert_eq!(c.batch, 8);
         assert_eq!(c.load, Load::Open { records_per_second: 500.0 });
@@ -366,6 +381,7 @@ mod tests {
     #[test]
     fn refuses_what_cannot_mean_anything() {
         assert!(parse(&["--streams", "2"]).is_err(), "no target");
+        assert!(parse(&["--spawn", "--drain", "0s"]).unwrap_err().contains("--drain"));
         assert!(parse(&["--spawn", "--url", "http://x"]).is_err());
         assert!(parse(&["--spawn", "--rate", "5", "--closed-loop"]).is_err());
         assert!(parse(&["--spawn", "--record-bytes", "8"]).is_err(), "below the header");

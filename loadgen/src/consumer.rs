@@ -5,7 +5,7 @@
 //! time its body carries (payload.rs), both on the run's clock.
 
 use std::sync::atomic::Ordering;
-use std::time::{Duration, Instant};
+use std::time::Instant;
 
 use hdrhistogram::Histogram;
 use net::client::{Client, Format, ReadOptions, Start, SubscriptionEvent};
@@ -22,9 +22,6 @@ pub struct ConsumerOutcome {
     pub delivered: u64,
     pub error: Option<String>,
 }
-
-/// How long a follower waits for the final tail once the producers are done.
-pub const DRAIN_MAX: Duration = Duration::from_secs(30);
 
 /// Follows `spec` from its first record until it has seen the stream's final tail (set in
 /// `shared.final_tails` once the producers are done).
@@ -75,9 +72,10 @@ pub fn follow(shared: &Shared, client: &Client, spec: &StreamSpec) -> ConsumerOu
                     break;
                 }
                 let done_at = shared.producers_done_at.lock().unwrap_or_else(|e| e.into_inner());
-                if done_at.is_some_and(|t| t.elapsed() > DRAIN_MAX) {
+                let drain = shared.config.drain;
+                if done_at.is_some_and(|t| t.elapsed() > drain) {
                     error = Some(format!(
-                        "{}: the subscription did not reach the tail within {DRAIN_MAX:?} of the end",
+                        "{}: the subscription did not reach the tail within {drain:?} of the end (--drain)",
                         spec.address
                     ));
                     break;

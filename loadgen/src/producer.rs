@@ -11,7 +11,7 @@
 //! the run (or an interrupt) can stop a wait the server would make unbounded. Sending stops
 //! at the end; what the open-loop schedule called for before it and could not send counts
 //! as behind schedule, and the acknowledgements still due are collected for at most
-//! [`ACK_WAIT_MAX`].
+//! `--drain` (`Config::drain`).
 
 use std::collections::VecDeque;
 use std::sync::atomic::Ordering;
@@ -88,11 +88,6 @@ const POLL: Duration = Duration::from_micros(50);
 /// long as a slot is free: a thread woken a little late is not behind schedule, but one
 /// still catching up with a backlog stops here.
 pub const LATE_SEND_MAX: Duration = Duration::from_millis(100);
-
-/// Once sending has stopped, how long a producer waits for the acknowledgements of the
-/// batches in flight. The ones still unanswered count as failed (they may yet land) and
-/// their connections are closed.
-pub const ACK_WAIT_MAX: Duration = Duration::from_secs(30);
 
 impl StreamState {
     /// The stream's next connection, round robin, with a free slot: `submit` on it does not
@@ -304,9 +299,11 @@ impl Producer<'_> {
     }
 
     /// Sending is over: collects the acknowledgements of what is in flight, for at most
-    /// [`ACK_WAIT_MAX`]; what is still unanswered then counts as failed.
+    /// `--drain`; what is still unanswered then counts as failed (it may yet land) and its
+    /// connection is closed.
     fn collect_in_flight(&mut self, streams: &mut [StreamState]) {
-        let deadline = Instant::now() + ACK_WAIT_MAX;
+        let drain = self.shared.config.drain;
+        let deadline = Instant::now() + drain;
         let waiting = |streams: &[StreamState]| {
             streams.iter().flat_map(|s| &s.lanes).any(|l| !l.in_flight.is_empty())
         };
@@ -329,7 +326,7 @@ impl Producer<'_> {
                 lane.session = None;
                 self.out.failed_batches += unanswered;
                 self.error(format!(
-                    "{}: {unanswered} batches unanswered {ACK_WAIT_MAX:?} after sending stopped (counted failed)",
+                    "{}: {unanswered} batches unanswered {drain:?} after sending stopped (--drain; counted failed)",
                     s.spec.address
                 ));
             }

@@ -154,9 +154,12 @@ pub fn run(
     };
     // A server with auth on (docs/auth.md) takes the token from the environment, as the
     // nova CLI does; a spawned server runs without auth on loopback.
+    // Calls outside the load (streams, final tails, the read-back) wait at most --drain
+    // for each read: a server that stopped answering cannot hold the end of a run.
     let client = Client::new(&url)
         .map_err(|e| format!("--url {url}: {e}"))?
         .with_format(config.format)
+        .with_timeout(Some(config.drain))
         .with_token(std::env::var("NOVA_TOKEN").ok())
         .map_err(|e| format!("NOVA_TOKEN: {e}"))?;
     let specs = create_streams(&client, &config)?;

@@ -230,6 +230,67 @@ fn an_open_loop_run_the_server_cannot_keep_up_with_ends_at_its_duration() {
     assert_eq!(r["verify"]["ok"], true);
 }
 
+/// A `nova serve` of the test's own (not one loadgen spawns, which loadgen would wait
+/// for at the end), so the test can stop and resume it; and its URL.
+fn own_server(dir: &Path) -> (Child, String) {
+    let bin = PathBuf::from(env!("CARGO_BIN_EXE_loadgen")).with_file_name("nova");
+    let mut child = Command::new(bin)
+        .args(["serve", "--listen", "127.0.0.1:0", "--data-dir"])
+        .arg(dir.join("data"))
+        .stdout(Stdio::piped())
+        .stderr(Stdio::null())
+        .spawn()
+        .expect("nova serve starts");
+    let stdout = child.stdout.take().expect("stdout is piped");
+    let listening = BufReader::new(stdout)
+        .lines()
+        .map_while(Result::ok)
+        .find_map(|line| line.trim().strip_prefix("nova listening on ").map(str::to_owned));
+    match listening {
+        Some(url) => (child, url),
+        None => {
+            let status = child.wait();
+            panic!("nova serve ended before it listened: {status:?}");
+        }
+    }
+}
+
+/// A server that stops answering mid-run (SIGSTOP): the run still ends, after its
+/// duration and `--drain` rather than the default 30 s (the final tail checks too wait
+/// at most that long), with the batches in flight counted as failed and named in an
+/// error. It ran, so it exits 0 (docs/loadgen.md).
+#[test]
+fn a_server_that_stops_answering_ends_the_run_after_the_drain() {
+    let dir = tempfile::tempdir().unwrap();
+    let (nova, url) = own_server(dir.path());
+    let _reap = Reap(nova.id());
+    let json = dir.path().join("r.json");
+    let mut child = Command::new(env!("CARGO_BIN_EXE_loadgen"))
+        .args(["--url", &url, "--no-progress", "--class", "express", "--closed-loop"])
+        .args(["--in-flight", "2", "--batch", "4", "--record-bytes", "100"])
+        .args(["--duration", "2s", "--warmup", "0s", "--drain", "1s", "--json"])
+        .arg(&json)
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap();
+    let mut stderr = BufReader::new(child.stderr.take().unwrap());
+    target(&mut stderr);
+    signal(nova.id(), "STOP");
+    let stopped = Instant::now();
+    let (status, stdout) = finish(child, stderr);
+    let took = stopped.elapsed();
+    signal(nova.id(), "CONT");
+    assert_eq!(status.code(), Some(0), "{stdout}");
+    // Far below the 30 s default: the drain is what ended it.
+    assert!(took < Duration::from_secs(20), "the run took {took:?} after the server stopped");
+    let r = report(&json);
+    let failed = r["appends"]["failed_batches"].as_u64().unwrap();
+    assert!(failed > 0, "{r}");
+    let errors = r["errors"].to_string();
+    assert!(errors.contains("unanswered 1s after sending stopped (--drain"), "{errors}");
+}
+
 /// The processes whose parent is `parent` and whose name is `name`, from /proc.
 fn children_named(parent: u32, name: &str) -> Vec<u32> {
     let mut found = Vec::new();

@@ -239,6 +239,22 @@ fn subscriptions_follow_in_both_framings(nova: &Nova) {
     assert_eq!(bodies(&page.records), ["late"]);
 }
 
+/// With a timeout, a call to a server that takes the connection but never answers ends
+/// with an I/O error once its attempts are spent, instead of holding the caller for good
+/// (which would hang this test).
+#[test]
+fn a_timeout_ends_a_call_the_server_never_answers() {
+    // The kernel accepts into the backlog; nothing ever reads or answers.
+    let silent = std::net::TcpListener::bind("127.0.0.1:0").expect("bind");
+    let url = format!("http://{}", silent.local_addr().expect("address"));
+    let client = Client::new(&url)
+        .expect("client")
+        .with_attempts(2)
+        .with_timeout(Some(std::time::Duration::from_millis(100)));
+    let error = client.check_tail(&Address::new("b", "k")).expect_err("nothing answers");
+    assert!(matches!(error, Error::Io { .. }), "{error}");
+}
+
 suite!(
     verbs_in_both_formats,
     append_session_pipelines_in_order,

@@ -689,9 +689,12 @@ struct Conn {
 }
 
 impl Conn {
-    fn connect(server: &Server) -> io::Result<Conn> {
+    /// A connection whose every read and write waits at most `timeout` (None: no limit).
+    fn connect(server: &Server, timeout: Option<Duration>) -> io::Result<Conn> {
         let stream = TcpStream::connect(&server.authority)?;
         stream.set_nodelay(true)?;
+        stream.set_read_timeout(timeout)?;
+        stream.set_write_timeout(timeout)?;
         Ok(Conn { reader: BufReader::with_capacity(64 << 10, stream) })
     }
 
@@ -715,6 +718,8 @@ pub struct Client {
     format: Format,
     attempts: u32,
     backoff: Duration,
+    /// Each read and write on a pooled connection waits at most this long.
+    timeout: Option<Duration>,
     idle: Mutex<Vec<Conn>>,
 }
 
@@ -736,6 +741,7 @@ impl Client {
             format: Format::Binary,
             attempts: 3,
             backoff: Duration::from_millis(50),
+            timeout: None,
             idle: Mutex::new(Vec::new()),
         })
     }
@@ -750,6 +756,16 @@ impl Client {
     /// starts at 50 ms and doubles.
     pub fn with_attempts(mut self, attempts: u32) -> Self {
         self.attempts = attempts.max(1);
+        self
+    }
+
+    /// Each read and write of a call waits at most `timeout` (None, the default: as long
+    /// as it takes), so a server that stops answering ends the call with an
+    /// [`Error::Io`] (retried like any, when the call is safe to repeat) instead of
+    /// holding it. A read with `wait` (a long poll) needs a timeout above its wait.
+    /// Append sessions and subscriptions have connections of their own and no limit.
+    pub fn with_timeout(mut self, timeout: Option<Duration>) -> Self {
+        self.timeout = timeout;
         self
     }
 
@@ -773,7 +789,7 @@ impl Client {
             match idle {
                 Some(conn) if conn.is_stale() => continue,
                 Some(conn) => return Ok((conn, true)),
-                None => return Ok((Conn::connect(&self.server)?, false)),
+                None => return Ok((Conn::connect(&self.server, self.timeout)?, false)),
             }
         }
     }
