@@ -153,9 +153,9 @@ pub fn run(
         (Target::Spawn { .. }, None) => return Err("no server".into()),
     };
     // A server with auth on (docs/auth.md) takes the token from the environment, as the
-    // nova CLI does; a spawned server runs without auth on loopback.
-    // Calls outside the load (streams, final tails, the read-back) wait at most --drain
-    // for each read: a server that stopped answering cannot hold the end of a run.
+    // nova CLI does; a spawned server runs without auth on loopback. Calls outside the
+    // load (streams, final tails, the read-back) wait at most --drain for each read: a
+    // server that stopped answering cannot hold the end of a run.
     let client = Client::new(&url)
         .map_err(|e| format!("--url {url}: {e}"))?
         .with_format(config.format)

@@ -763,9 +763,10 @@ impl Client {
     /// as it takes), so a server that stops answering ends the call with an
     /// [`Error::Io`] (retried like any, when the call is safe to repeat) instead of
     /// holding it. A read with `wait` (a long poll) needs a timeout above its wait.
-    /// Append sessions and subscriptions have connections of their own and no limit.
+    /// Append sessions and subscriptions have connections of their own and no limit. A
+    /// zero timeout is none.
     pub fn with_timeout(mut self, timeout: Option<Duration>) -> Self {
-        self.timeout = timeout;
+        self.timeout = timeout.filter(|timeout| !timeout.is_zero());
         self
     }
 
