@@ -85,9 +85,11 @@ struct Outcome {
     disk_per_content: Option<f64>,
 }
 
-/// CPU readings of the server (a child process, or this one) and of this process, taken
-/// when the measured time starts; `per_gb` turns them into core-seconds per GB.
-struct CpuSpent {
+/// What a case spent, read when the measured time starts and again at its end: the CPU
+/// of the server (a child process, or this one) and of this process (`per_gb`: core-
+/// seconds per GB), and the bytes written to the data directory's disk
+/// (`disk_per_content`).
+struct Spent {
     server: Option<u32>,
     started: Option<(Duration, Duration)>,
     /// The data directory's disk, and its bytes written when measuring began.
@@ -95,7 +97,7 @@ struct CpuSpent {
     disk_started: Option<u64>,
 }
 
-impl CpuSpent {
+impl Spent {
     fn of(server: Option<u32>, data_dir: &Path) -> Self {
         Self { server, started: None, disk: harness::Disk::of(data_dir), disk_started: None }
     }
@@ -328,7 +330,7 @@ fn run_case(server: &Server, bucket: &str, case: Case, durations: &Durations) ->
         Format::Json => "json",
         Format::Binary => "bin",
     };
-    let mut cpu = CpuSpent::of(Some(server.child.id()), &server.data_dir);
+    let mut spent = Spent::of(Some(server.child.id()), &server.data_dir);
     let run = harness::closed_loop(
         CONNECTIONS,
         durations.warmup,
@@ -361,11 +363,11 @@ fn run_case(server: &Server, bucket: &str, case: Case, durations: &Durations) ->
                 }
             }
         },
-        || cpu.start(),
+        || spent.start(),
     );
     let content = run.total((case.records * RECORD_BYTES) as u64);
-    let (server_cpu_per_gb, client_cpu_per_gb) = cpu.per_gb(content);
-    let disk_per_content = cpu.disk_per_content(content);
+    let (server_cpu_per_gb, client_cpu_per_gb) = spent.per_gb(content);
+    let disk_per_content = spent.disk_per_content(content);
     Outcome {
         appends_per_second: run.rate(1),
         content_bytes_per_second: run.rate((case.records * RECORD_BYTES) as u64),
@@ -403,7 +405,7 @@ fn in_process(data_dir: &Path, case: Case, durations: &Durations) -> Outcome {
     block_on(client.control().create_bucket(&bucket, &request, None)).expect("bucket");
     let (_, framed) = append_body(Format::Binary, case.records);
     let framed = engine::framing::FramedBody::from(framed);
-    let mut cpu = CpuSpent::of(None, data_dir);
+    let mut spent = Spent::of(None, data_dir);
     let run = harness::closed_loop(
         CONNECTIONS,
         durations.warmup,
@@ -423,11 +425,11 @@ fn in_process(data_dir: &Path, case: Case, durations: &Durations) -> Outcome {
                 true
             }
         },
-        || cpu.start(),
+        || spent.start(),
     );
     let content = run.total((case.records * RECORD_BYTES) as u64);
-    let (server_cpu_per_gb, client_cpu_per_gb) = cpu.per_gb(content);
-    let disk_per_content = cpu.disk_per_content(content);
+    let (server_cpu_per_gb, client_cpu_per_gb) = spent.per_gb(content);
+    let disk_per_content = spent.disk_per_content(content);
     drop(client);
     node.stop();
     Outcome {
@@ -644,26 +646,25 @@ pub fn run(quick: bool) -> Result<(), String> {
         loopback_after / 1e6,
         disk / 1e6,
     );
-    println!(
-        "| format | streams | records per batch | appends/s | MB/s content | MB/s of requests | \
-         ratio to loopback (content) | p50 µs | p99 µs | refused | server CPU s/GB | \
-         client CPU s/GB | CPU bound MB/s | disk bytes per content byte | disk bound MB/s | \
-         engine alone MB/s | engine alone p50 µs | \
-         engine alone CPU s/GB | HTTP / engine alone |"
-    );
-    println!(
-        "|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|"
-    );
+    let header = "| format | streams | records per batch | appends/s | MB/s content | \
+         MB/s of requests | ratio to loopback (content) | p50 µs | p99 µs | refused | \
+         server CPU s/GB | client CPU s/GB | CPU bound MB/s | disk bytes per content byte | \
+         disk bound MB/s | engine alone MB/s | engine alone p50 µs | engine alone CPU s/GB | \
+         engine alone disk bytes per content byte | HTTP / engine alone |";
+    // One alignment cell per column: the first left, the figures right.
+    let columns = header.matches('|').count() - 1;
+    println!("{header}\n|---|{}", "---:|".repeat(columns - 1));
     for ((case, outcome), alone) in cases.iter().zip(&outcomes).zip(&engine_alone) {
         let alone_text = match alone {
             Some(alone) => format!(
-                "{:.1} | {} | {:.2} | {:.2}",
+                "{:.1} | {} | {:.2} | {} | {:.2}",
                 alone.content_bytes_per_second / 1e6,
                 alone.latency.p50,
                 alone.server_cpu_per_gb + alone.client_cpu_per_gb,
+                alone.disk_per_content.map_or("–".to_owned(), |per| format!("{per:.2}")),
                 outcome.content_bytes_per_second / alone.content_bytes_per_second
             ),
-            None => "– | – | – | –".to_owned(),
+            None => "– | – | – | – | –".to_owned(),
         };
         let cpu_bound =
             cores as f64 / (outcome.server_cpu_per_gb + outcome.client_cpu_per_gb) * 1e3;

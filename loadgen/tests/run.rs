@@ -116,18 +116,30 @@ fn a_standard_json_closed_loop_run_verifies_clean() {
     assert!(page.contains("<html") && page.contains("<svg"));
 }
 
-/// The server's URL: loadgen says it on stderr once its streams exist, before the load
-/// starts.
-fn target(stderr: &mut BufReader<ChildStderr>) -> String {
+/// Starts loadgen with its output piped and reads its stderr up to the server's URL,
+/// which it says once its streams exist, before the load starts: the child, the rest of
+/// its stderr, and the URL.
+fn start(cmd: &mut Command) -> (Child, BufReader<ChildStderr>, String) {
+    let mut child =
+        cmd.stdout(Stdio::piped()).stderr(Stdio::piped()).spawn().expect("loadgen starts");
+    let mut stderr = BufReader::new(child.stderr.take().expect("stderr is piped"));
     let mut line = String::new();
-    loop {
+    let url = loop {
         line.clear();
-        assert!(
-            stderr.read_line(&mut line).expect("read loadgen's stderr") > 0,
-            "loadgen ended without naming its target"
-        );
-        if let Some(url) = line.trim().strip_prefix("loadgen: target ") {
-            return url.to_owned();
+        match stderr.read_line(&mut line) {
+            Ok(0) | Err(_) => break None,
+            Ok(_) => {
+                if let Some(url) = line.trim().strip_prefix("loadgen: target ") {
+                    break Some(url.to_owned());
+                }
+            }
+        }
+    };
+    match url {
+        Some(url) => (child, stderr, url),
+        None => {
+            let status = child.wait();
+            panic!("loadgen ended without naming its target: {status:?}");
         }
     }
 }
@@ -149,23 +161,14 @@ fn append_behind_the_back(authority: &str, path: &str) {
 
 #[test]
 fn verify_fails_naming_the_stream_that_got_a_record_loadgen_did_not_write() {
-    let mut child = loadgen()
-        .args(["--class", "express", "--streams", "2", "--stream-prefix", "t", "--rate", "400"])
-        .args(["--batch", "4", "--duration", "1500ms", "--warmup", "0s", "--verify"])
-        .stdout(Stdio::piped())
-        .stderr(Stdio::piped())
-        .spawn()
-        .unwrap();
-    let mut stderr = BufReader::new(child.stderr.take().unwrap());
-    let url = target(&mut stderr);
+    let (child, stderr, url) = start(
+        loadgen()
+            .args(["--class", "express", "--streams", "2", "--stream-prefix", "t", "--rate", "400"])
+            .args(["--batch", "4", "--duration", "1500ms", "--warmup", "0s", "--verify"]),
+    );
     let authority = url.trim_start_matches("http://").trim_end_matches('/');
     append_behind_the_back(authority, "/v1/streams/loadgen/t-1/records");
-    let mut rest = String::new();
-    stderr.read_to_string(&mut rest).unwrap();
-    let mut stdout = String::new();
-    child.stdout.take().unwrap().read_to_string(&mut stdout).unwrap();
-    let status = child.wait().unwrap();
-    eprintln!("stdout:\n{stdout}\nstderr:\n{rest}");
+    let (status, stdout) = finish(child, stderr);
     assert_eq!(status.code(), Some(2), "verification must fail");
     assert!(stdout.contains("VERIFY FAILED nova://loadgen/t-1"), "{stdout}");
     assert!(stdout.contains("1 foreign"), "{stdout}");
@@ -199,16 +202,21 @@ fn an_open_loop_run_the_server_cannot_keep_up_with_ends_at_its_duration() {
     let dir = tempfile::tempdir().unwrap();
     let json = dir.path().join("r.json");
     let duration = Duration::from_secs(2);
-    let mut child = loadgen()
-        .args(["--class", "standard", "--rate", "400", "--batch", "16", "--record-bytes", "100"])
-        .args(["--in-flight", "2", "--duration", "2s", "--warmup", "0s", "--verify", "--json"])
-        .arg(&json)
-        .stdout(Stdio::piped())
-        .stderr(Stdio::piped())
-        .spawn()
-        .unwrap();
-    let mut stderr = BufReader::new(child.stderr.take().unwrap());
-    target(&mut stderr);
+    let (child, stderr, _) = start(
+        loadgen()
+            .args([
+                "--class",
+                "standard",
+                "--rate",
+                "400",
+                "--batch",
+                "16",
+                "--record-bytes",
+                "100",
+            ])
+            .args(["--in-flight", "2", "--duration", "2s", "--warmup", "0s", "--verify", "--json"])
+            .arg(&json),
+    );
     let load_started = Instant::now();
     let (status, stdout) = finish(child, stderr);
     let took = load_started.elapsed();
@@ -265,17 +273,13 @@ fn a_server_that_stops_answering_ends_the_run_after_the_drain() {
     let (nova, url) = own_server(dir.path());
     let _reap = Reap(nova.id());
     let json = dir.path().join("r.json");
-    let mut child = Command::new(env!("CARGO_BIN_EXE_loadgen"))
-        .args(["--url", &url, "--no-progress", "--class", "express", "--closed-loop"])
-        .args(["--in-flight", "2", "--batch", "4", "--record-bytes", "100"])
-        .args(["--duration", "2s", "--warmup", "0s", "--drain", "1s", "--json"])
-        .arg(&json)
-        .stdout(Stdio::piped())
-        .stderr(Stdio::piped())
-        .spawn()
-        .unwrap();
-    let mut stderr = BufReader::new(child.stderr.take().unwrap());
-    target(&mut stderr);
+    let (child, stderr, _) = start(
+        Command::new(env!("CARGO_BIN_EXE_loadgen"))
+            .args(["--url", &url, "--no-progress", "--class", "express", "--closed-loop"])
+            .args(["--in-flight", "2", "--batch", "4", "--record-bytes", "100"])
+            .args(["--duration", "2s", "--warmup", "0s", "--drain", "1s", "--json"])
+            .arg(&json),
+    );
     signal(nova.id(), "STOP");
     let stopped = Instant::now();
     let (status, stdout) = finish(child, stderr);
@@ -339,17 +343,13 @@ impl Drop for Reap {
 /// directory.
 fn long_spawned_run(json: &Path) -> (Child, BufReader<ChildStderr>, Reap, tempfile::TempDir) {
     let tmp = tempfile::tempdir().expect("a temporary directory");
-    let mut child = loadgen()
-        .env("TMPDIR", tmp.path())
-        .args(["--class", "express", "--rate", "2000", "--consumers", "1"])
-        .args(["--duration", "60s", "--warmup", "0s", "--verify", "--json"])
-        .arg(json)
-        .stdout(Stdio::piped())
-        .stderr(Stdio::piped())
-        .spawn()
-        .expect("loadgen starts");
-    let mut stderr = BufReader::new(child.stderr.take().expect("stderr is piped"));
-    target(&mut stderr);
+    let (child, stderr, _) = start(
+        loadgen()
+            .env("TMPDIR", tmp.path())
+            .args(["--class", "express", "--rate", "2000", "--consumers", "1"])
+            .args(["--duration", "60s", "--warmup", "0s", "--verify", "--json"])
+            .arg(json),
+    );
     let nova = children_named(child.id(), "nova");
     assert_eq!(nova.len(), 1, "one spawned server: {nova:?}");
     let server_dirs = std::fs::read_dir(tmp.path()).expect("list TMPDIR").count();

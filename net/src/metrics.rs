@@ -21,6 +21,26 @@ struct ShardCounters {
     log_lines_suppressed: u64,
 }
 
+/// A shard's HTTP counter: name, help, Prometheus type, how to read it.
+type HttpCounter = (&'static str, &'static str, &'static str, fn(&ShardCounters) -> u64);
+
+/// The HTTP counters `/metrics` gives per shard.
+const HTTP_PER_SHARD: [HttpCounter; 4] = [
+    ("nova_http_connections_open", "HTTP connections open", "gauge", |c| c.connections_open),
+    ("nova_http_connections_accepted_total", "HTTP connections accepted", "counter", |c| {
+        c.connections_accepted
+    }),
+    ("nova_http_requests_in_flight", "HTTP requests being answered", "gauge", |c| {
+        c.requests_in_flight
+    }),
+    (
+        "nova_http_log_lines_suppressed_total",
+        "Request log lines left out past --http-log-lines-per-second",
+        "counter",
+        |c| c.log_lines_suppressed,
+    ),
+];
+
 /// A shard counter of the engine: name, help, how to read it.
 type EngineCounter = (&'static str, &'static str, fn(&ShardStats) -> u64);
 
@@ -85,19 +105,14 @@ impl Metrics {
             "# HELP nova_http_requests_total HTTP requests answered, by route and status.\n",
         );
         out.push_str("# TYPE nova_http_requests_total counter\n");
-        let mut connections = Vec::new();
+        // The per-shard gauges and counters, read under each shard's lock once.
+        let mut per_shard = Vec::new();
         for (shard, counters) in self.shards.iter().enumerate() {
             if let Ok(counters) = counters.lock() {
                 for (key, n) in &counters.requests {
                     *requests.entry(*key).or_default() += n;
                 }
-                connections.push((
-                    shard,
-                    counters.connections_open,
-                    counters.connections_accepted,
-                    counters.requests_in_flight,
-                    counters.log_lines_suppressed,
-                ));
+                per_shard.push((shard, HTTP_PER_SHARD.map(|(_, _, _, read)| read(&counters))));
             }
         }
         for ((route, status), n) in requests {
@@ -106,38 +121,11 @@ impl Metrics {
                 "nova_http_requests_total{{route=\"{route}\",status=\"{status}\"}} {n}"
             );
         }
-        out.push_str("# HELP nova_http_connections_open HTTP connections open, per shard.\n");
-        out.push_str("# TYPE nova_http_connections_open gauge\n");
-        for (shard, open, _, _, _) in &connections {
-            let _ = writeln!(out, "nova_http_connections_open{{shard=\"{shard}\"}} {open}");
-        }
-        out.push_str(
-            "# HELP nova_http_connections_accepted_total HTTP connections accepted, per shard.\n",
-        );
-        out.push_str("# TYPE nova_http_connections_accepted_total counter\n");
-        for (shard, _, accepted, _, _) in &connections {
-            let _ = writeln!(
-                out,
-                "nova_http_connections_accepted_total{{shard=\"{shard}\"}} {accepted}"
-            );
-        }
-        out.push_str(
-            "# HELP nova_http_requests_in_flight HTTP requests being answered, per shard.\n",
-        );
-        out.push_str("# TYPE nova_http_requests_in_flight gauge\n");
-        for (shard, _, _, in_flight, _) in &connections {
-            let _ = writeln!(out, "nova_http_requests_in_flight{{shard=\"{shard}\"}} {in_flight}");
-        }
-        out.push_str(
-            "# HELP nova_http_log_lines_suppressed_total Request log lines left out past \
-             --http-log-lines-per-second, per shard.\n",
-        );
-        out.push_str("# TYPE nova_http_log_lines_suppressed_total counter\n");
-        for (shard, _, _, _, suppressed) in &connections {
-            let _ = writeln!(
-                out,
-                "nova_http_log_lines_suppressed_total{{shard=\"{shard}\"}} {suppressed}"
-            );
+        for (i, (name, help, kind, _)) in HTTP_PER_SHARD.iter().enumerate() {
+            let _ = writeln!(out, "# HELP {name} {help}, per shard.\n# TYPE {name} {kind}");
+            for (shard, values) in &per_shard {
+                let _ = writeln!(out, "{name}{{shard=\"{shard}\"}} {}", values[i]);
+            }
         }
         out.push_str(
             "# HELP nova_log_lines_dropped_total Log lines dropped because the log was not \
