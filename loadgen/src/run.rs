@@ -153,15 +153,20 @@ pub fn run(
         (Target::Spawn { .. }, None) => return Err("no server".into()),
     };
     // A server with auth on (docs/auth.md) takes the token from the environment, as the
-    // nova CLI does; a spawned server runs without auth on loopback. Calls outside the
-    // load (streams, final tails, the read-back) wait at most --drain for each read: a
-    // server that stopped answering cannot hold the end of a run.
-    let client = Client::new(&url)
-        .map_err(|e| format!("--url {url}: {e}"))?
-        .with_format(config.format)
-        .with_timeout(Some(config.drain))
-        .with_token(std::env::var("NOVA_TOKEN").ok())
-        .map_err(|e| format!("NOVA_TOKEN: {e}"))?;
+    // nova CLI does; a spawned server runs without auth on loopback.
+    let new_client = || {
+        Client::new(&url)
+            .map_err(|e| format!("--url {url}: {e}"))?
+            .with_format(config.format)
+            .with_token(std::env::var("NOVA_TOKEN").ok())
+            .map_err(|e| format!("NOVA_TOKEN: {e}"))
+    };
+    // Calls outside the load (streams, final tails, the read-back) wait at most --drain
+    // for each read: a server that stopped answering cannot hold the end of a run. The
+    // load's own sessions and subscriptions have no such limit: what is unanswered when
+    // sending stops is counted after --drain.
+    let client = new_client()?.with_timeout(Some(config.drain));
+    let load_client = new_client()?;
     let specs = create_streams(&client, &config)?;
     on_target(&url);
 
@@ -184,11 +189,11 @@ pub fn run(
 
     let (producers, consumers) = std::thread::scope(|scope| {
         let shared = &shared;
-        let client = &client;
+        let load_client = &load_client;
         let consumers: Vec<_> = (0..config.consumers)
             .map(|c| {
                 let spec = specs[c % specs.len()].clone();
-                scope.spawn(move || consumer::follow(shared, client, &spec))
+                scope.spawn(move || consumer::follow(shared, load_client, &spec))
             })
             .collect();
         let producers: Vec<_> = (0..config.producers)
@@ -199,7 +204,7 @@ pub fn run(
                     .cloned()
                     .collect();
                 let seed = config.seed.wrapping_add(p as u64);
-                scope.spawn(move || producer::run(shared, client, mine, seed))
+                scope.spawn(move || producer::run(shared, load_client, mine, seed))
             })
             .collect();
         let mut last_print = Instant::now();

@@ -4,6 +4,7 @@
 //! `--json`; a failure exits non-zero with the server's message.
 
 use std::io::{BufRead, Write};
+use std::time::Duration;
 
 use serde_json::{Value, json};
 
@@ -82,10 +83,13 @@ const VERBS: &[(&str, &str, &str)] = &[
 
 fn usage() -> String {
     let mut text = String::from(
-        "nova: a durable stream store\n\nusage: nova [--server URL] [--auth-token-file F] [--json] VERB ...\n\
+        "nova: a durable stream store\n\nusage: nova [--server URL] [--auth-token-file F] [--timeout D] [--json] VERB ...\n\
          --server defaults to $NOVA_SERVER when it is set and not empty, else http://127.0.0.1:8080\n\
          A server with auth on needs a token: the first line of --auth-token-file, else $NOVA_TOKEN\n\
          (docs/auth.md).\n\
+         --timeout (default 30s; 0s for none) bounds each wait on the server: a call it\n\
+         never answers fails after that long. `read -f` waits on heartbeats, which come at\n\
+         least every 15 s, so it needs more than that.\n\
          In nova://B/K the key K is everything after the bucket, as written: `/` is part of it\n\
          and nothing is percent-decoded (nova://apps/orders/eu is the key orders/eu).\n\n",
     );
@@ -197,7 +201,7 @@ pub fn main(args: Vec<String>) -> i32 {
         };
         // Every line logged is written before the exit, but a log nobody reads does not
         // hold the exit for long.
-        crate::log::flush(std::time::Duration::from_secs(1));
+        crate::log::flush(Duration::from_secs(1));
         return code;
     }
     if args.first().map(String::as_str) == Some("doctor") {
@@ -221,6 +225,12 @@ struct Args {
     positional: Vec<String>,
     flags: Vec<(String, Option<String>)>,
 }
+
+/// Flags every verb takes.
+const GLOBAL_FLAGS: &[&str] = &["json", "help", "server", "auth-token-file", "timeout"];
+
+/// How long a call waits on the server's every read and write unless `--timeout` says.
+const DEFAULT_TIMEOUT: &str = "30s";
 
 /// Flags that take no value: alone they are on, and `--NAME=true` or `--NAME=false` says
 /// which.
@@ -326,7 +336,7 @@ impl Args {
         for (name, _) in &self.flags {
             if !accepted.contains(&name.as_str())
                 && !option(name)
-                && !["json", "help", "server", "auth-token-file"].contains(&name.as_str())
+                && !GLOBAL_FLAGS.contains(&name.as_str())
             {
                 return Err(usage_error(format!("unknown flag --{name}; see --help")));
             }
@@ -519,9 +529,12 @@ fn run(args: Vec<String>) -> Outcome {
         }
         None => std::env::var("NOVA_TOKEN").ok(),
     };
+    let timeout = duration_ms("timeout", args.value("timeout").unwrap_or(DEFAULT_TIMEOUT))
+        .map_err(usage_error)?;
     let client = Client::new(&url)
         .and_then(|client| client.with_token(token))
-        .map_err(|e| usage_error(e.to_string()))?;
+        .map_err(|e| usage_error(e.to_string()))?
+        .with_timeout(Some(Duration::from_millis(timeout)));
     let session = Session { client, json: args.has("json") };
     let rest: Vec<&str> = match verb.as_slice() {
         ["bucket" | "stream" | "token", _, rest @ ..] => rest.to_vec(),
@@ -998,7 +1011,7 @@ impl Progress {
 
     fn acked(&mut self, records: u64) {
         self.acked = records;
-        if self.shown && self.last_drawn.elapsed() >= std::time::Duration::from_millis(100) {
+        if self.shown && self.last_drawn.elapsed() >= Duration::from_millis(100) {
             self.draw();
         }
     }

@@ -408,3 +408,30 @@ fn an_empty_server_variable_means_the_default_server() {
     assert_ne!(out.status.code(), Some(2), "{stderr}");
     assert!(!stderr.contains("server URL"), "{stderr}");
 }
+
+/// `--timeout` bounds each wait on the server: a server that takes the connection and
+/// never answers fails the call with that said, instead of holding the shell for good.
+#[test]
+fn a_server_that_never_answers_fails_the_call_after_the_timeout() {
+    // The kernel accepts into the backlog; nothing ever reads or answers.
+    let silent = std::net::TcpListener::bind("127.0.0.1:0").expect("bind");
+    let url = format!("http://{}", silent.local_addr().expect("address"));
+    let nova = |args: &[&str]| {
+        Command::new(env!("CARGO_BIN_EXE_nova"))
+            .args(["--server", &url])
+            .args(args)
+            .stdin(Stdio::null())
+            .output()
+            .expect("run nova")
+    };
+    for args in [&["--timeout", "100ms", "tail", "nova://b/s"][..], &["--timeout=100ms", "ls"]] {
+        let out = nova(args);
+        let stderr = String::from_utf8_lossy(&out.stderr);
+        assert_eq!(out.status.code(), Some(1), "{args:?}: {stderr}");
+        assert!(stderr.contains("did not answer within the client's timeout"), "{stderr}");
+    }
+    let out = nova(&["--timeout", "100", "ls"]);
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert_eq!(out.status.code(), Some(2), "{stderr}");
+    assert!(stderr.contains("--timeout") && stderr.contains("needs a unit"), "{stderr}");
+}

@@ -251,8 +251,24 @@ fn a_timeout_ends_a_call_the_server_never_answers() {
         .expect("client")
         .with_attempts(2)
         .with_timeout(Some(std::time::Duration::from_millis(100)));
-    let error = client.check_tail(&Address::new("b", "k")).expect_err("nothing answers");
-    assert!(matches!(error, Error::Io { .. }), "{error}");
+    let address = Address::new("b", "k");
+    let timed_out = |error: &Error| {
+        matches!(error, Error::Io { .. })
+            && error.to_string().contains("within the client's timeout")
+    };
+    let error = client.check_tail(&address).expect_err("nothing answers");
+    assert!(timed_out(&error), "{error}");
+    // Append sessions and subscriptions have connections of their own, and the same limit.
+    let mut session = client.append_session(&address, 4).expect("the kernel takes the connection");
+    session.submit(&batch(&["unanswered"]), &Conditions::default()).expect("sent");
+    let ack = session.recv().expect("an answer for the batch");
+    let error = ack.result.expect_err("nothing answers");
+    assert!(timed_out(&error), "{error}");
+    for sse in [false, true] {
+        let error = client.subscribe(&address, &ReadOptions::default(), sse).err();
+        let error = error.expect("nothing answers");
+        assert!(timed_out(&error), "{error}");
+    }
 }
 
 suite!(

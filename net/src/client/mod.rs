@@ -132,6 +132,12 @@ impl fmt::Display for Error {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         match self {
             Error::Api(api) => write!(f, "{}: {}", api.code, api.message),
+            // A blocking socket's read or write only ends this way at its timeout.
+            Error::Io { what, error }
+                if matches!(error.kind(), io::ErrorKind::WouldBlock | io::ErrorKind::TimedOut) =>
+            {
+                write!(f, "{what}: the server did not answer within the client's timeout ({error})")
+            }
             Error::Io { what, error } => write!(f, "{what}: {error}"),
             Error::Protocol(why) => write!(f, "unexpected answer from the server: {why}"),
             Error::Invalid(why) => f.write_str(why),
@@ -763,8 +769,10 @@ impl Client {
     /// as it takes), so a server that stops answering ends the call with an
     /// [`Error::Io`] (retried like any, when the call is safe to repeat) instead of
     /// holding it. A read with `wait` (a long poll) needs a timeout above its wait.
-    /// Append sessions and subscriptions have connections of their own and no limit. A
-    /// zero timeout is none.
+    /// Append sessions and subscriptions keep it too, on connections of their own: a
+    /// session's batch unanswered that long fails it, and a subscription, whose idle
+    /// reads wait for the server's heartbeats, needs a timeout above their interval
+    /// (`--sse-heartbeat-ms`, 15 s at most). A zero timeout is none.
     pub fn with_timeout(mut self, timeout: Option<Duration>) -> Self {
         self.timeout = timeout.filter(|timeout| !timeout.is_zero());
         self
@@ -1128,7 +1136,7 @@ impl Client {
 
     /// An append session on its own connection: see [`AppendSession`].
     pub fn append_session(&self, address: &Address, in_flight_max: usize) -> Result<AppendSession> {
-        AppendSession::open(&self.server, address, self.format, in_flight_max)
+        AppendSession::open(&self.server, address, self.format, in_flight_max, self.timeout)
     }
 
     /// A subscription from `options` (its `wait_seconds` is ignored), binary framing
@@ -1139,7 +1147,7 @@ impl Client {
         options: &ReadOptions,
         sse: bool,
     ) -> Result<Subscription> {
-        Subscription::open(&self.server, address, options, sse, None)
+        Subscription::open(&self.server, address, options, sse, None, self.timeout)
     }
 
     /// A subscription that resumes right after `last_seq_num` (`Last-Event-ID`).
@@ -1150,7 +1158,7 @@ impl Client {
         sse: bool,
         last_seq_num: u64,
     ) -> Result<Subscription> {
-        Subscription::open(&self.server, address, options, sse, Some(last_seq_num))
+        Subscription::open(&self.server, address, options, sse, Some(last_seq_num), self.timeout)
     }
 }
 

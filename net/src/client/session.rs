@@ -55,12 +55,17 @@ impl AppendSession {
         address: &Address,
         format: Format,
         in_flight_max: usize,
+        timeout: Option<Duration>,
     ) -> Result<Self> {
         let in_flight_max = in_flight_max.max(1);
         let io_error =
             |error| Error::Io { what: format!("connect to {}", server.authority), error };
         let stream = TcpStream::connect(&server.authority).map_err(io_error)?;
         stream.set_nodelay(true).map_err(io_error)?;
+        // Socket options: the halves below share them. The reader reads only while a
+        // batch is in flight, so an idle session never times out.
+        stream.set_read_timeout(timeout).map_err(io_error)?;
+        stream.set_write_timeout(timeout).map_err(io_error)?;
         let write_half = stream.try_clone().map_err(io_error)?;
         let read_half = stream.try_clone().map_err(io_error)?;
         let (requests, requests_rx) = mpsc::sync_channel::<Vec<u8>>(in_flight_max);
@@ -242,14 +247,17 @@ fn write_loop(stream: TcpStream, requests: &Receiver<Vec<u8>>, spare: &SyncSende
 /// remaining ticket with the failure.
 fn read_loop(stream: TcpStream, sent: &Receiver<(u64, Instant)>, acks: &Sender<SessionAck>) {
     let mut reader = BufReader::with_capacity(64 << 10, stream);
-    let mut failure: Option<String> = None;
+    let mut failure: Option<(std::io::ErrorKind, String)> = None;
     while let Ok((ticket, at)) = sent.recv() {
         let result = match &failure {
-            Some(why) => Err(lost(why)),
+            Some((kind, why)) => Err(lost(*kind, why)),
             None => match http::read_response(&mut reader, "POST") {
                 Ok((response, reusable)) => {
                     if !reusable {
-                        failure = Some("the server closed the connection".into());
+                        failure = Some((
+                            std::io::ErrorKind::ConnectionAborted,
+                            "the server closed the connection".into(),
+                        ));
                     }
                     if response.status == 200 {
                         Ack::from_json(&response.json())
@@ -259,8 +267,9 @@ fn read_loop(stream: TcpStream, sent: &Receiver<(u64, Instant)>, acks: &Sender<S
                 }
                 Err(error) => {
                     let why = error.to_string();
-                    failure = Some(why.clone());
-                    Err(lost(&why))
+                    let lost = lost(error.kind(), &why);
+                    failure = Some((error.kind(), why));
+                    Err(lost)
                 }
             },
         };
@@ -270,9 +279,11 @@ fn read_loop(stream: TcpStream, sent: &Receiver<(u64, Instant)>, acks: &Sender<S
     }
 }
 
-fn lost(why: &str) -> Error {
+/// A batch whose answer never came; `kind` is the connection's failure (a timeout shows
+/// as one).
+fn lost(kind: std::io::ErrorKind, why: &str) -> Error {
     Error::Io {
         what: "append session (the batch may or may not have landed)".into(),
-        error: std::io::Error::new(std::io::ErrorKind::ConnectionAborted, why.to_owned()),
+        error: std::io::Error::new(kind, why.to_owned()),
     }
 }

@@ -4,6 +4,7 @@
 //! on request. A deleted stream ends it with a not_found error.
 
 use std::io::BufRead;
+use std::time::Duration;
 
 use engine::framing::{self, Frame};
 use serde_json::Value;
@@ -44,6 +45,7 @@ impl Subscription {
         options: &ReadOptions,
         sse: bool,
         resume_after: Option<u64>,
+        timeout: Option<Duration>,
     ) -> Result<Self> {
         let options = ReadOptions { wait_seconds: None, ..*options };
         let path = format!("{}/records?{}", address.path(), options.query());
@@ -57,9 +59,10 @@ impl Subscription {
         if let Some(resume) = &resume {
             headers.push(("last-event-id", resume));
         }
-        let stream = http::open(server, "GET", &path, &headers, None, None).map_err(|error| {
-            Error::Io { what: format!("subscribe to {address} on {}", server.authority), error }
-        })?;
+        let stream =
+            http::open(server, "GET", &path, &headers, None, timeout).map_err(|error| {
+                Error::Io { what: format!("subscribe to {address} on {}", server.authority), error }
+            })?;
         if stream.status != 200 {
             let response = stream
                 .finish()
