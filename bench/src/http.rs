@@ -42,7 +42,9 @@ const RECORD_BYTES: usize = 1024;
 /// server waited on group commits with a fifth of the machine idle; 64 keep it busy.
 const CONNECTIONS: usize = 64;
 const BINARY_MEDIA_TYPE: &str = "application/x-nova-records";
-/// The root token of the auth-on server.
+/// The bucket every case's streams are in (express, created on append).
+const BUCKET: &str = "bench";
+/// The root token of the auth-on servers.
 const BENCH_ROOT_TOKEN: &str = "bench-root-token-0123456789abcdef";
 
 struct Durations {
@@ -323,7 +325,7 @@ fn append_body(format: Format, records: usize) -> (&'static str, Vec<u8>) {
     }
 }
 
-fn run_case(server: &Server, bucket: &str, case: Case, durations: &Durations) -> Outcome {
+fn run_case(server: &Server, case: Case, durations: &Durations) -> Outcome {
     let (content_type, body) = append_body(case.format, case.records);
     let body = Arc::new(body);
     let tag = match case.format {
@@ -340,7 +342,7 @@ fn run_case(server: &Server, bucket: &str, case: Case, durations: &Durations) ->
             let paths: Vec<String> = (0..case.streams)
                 .map(|s| {
                     format!(
-                        "/v1/streams/{bucket}/{tag}-{}-{}-{s}/records",
+                        "/v1/streams/{BUCKET}/{tag}-{}-{}-{s}/records",
                         case.streams, case.records
                     )
                 })
@@ -396,7 +398,7 @@ fn in_process(data_dir: &Path, case: Case, durations: &Durations) -> Outcome {
         .expect("the NOVA_* knobs in the environment are valid");
     let node = Node::start(config).expect("in-process node");
     let client = node.client();
-    let bucket = BucketName::parse("bench").expect("bucket");
+    let bucket = BucketName::parse(BUCKET).expect("bucket");
     let request = BucketConfigRequest {
         create_stream_on_append: true,
         defaults: StreamOptionsRequest { class: Some(StorageClass::Express), ..Default::default() },
@@ -519,6 +521,22 @@ fn server_binary() -> Result<PathBuf, String> {
     }
 }
 
+/// Runs `case` against a new server on `data_dir` with the bench's bucket, then stops the
+/// server and removes its data.
+fn on_a_fresh_server(
+    binary: &Path,
+    data_dir: &Path,
+    root_token: Option<&str>,
+    case: impl FnOnce(&Server) -> Outcome,
+) -> Result<Outcome, String> {
+    let server = Server::start(binary, data_dir, root_token)?;
+    create_bucket(&server, BUCKET)?;
+    let outcome = case(&server);
+    drop(server);
+    let _ = std::fs::remove_dir_all(data_dir);
+    Ok(outcome)
+}
+
 fn create_bucket(server: &Server, bucket: &str) -> Result<(), String> {
     let mut connection = Connection::open(server)
         .map_err(|e| format!("connect to nova at {}: {e}", server.authority))?;
@@ -568,18 +586,9 @@ pub fn run(quick: bool) -> Result<(), String> {
     let dir = std::env::current_dir().expect("cwd").join("target").join("bench-http");
     let _ = std::fs::remove_dir_all(&dir);
     std::fs::create_dir_all(&dir).map_err(|e| format!("create {}: {e}", dir.display()))?;
-    let data_dir = dir.join("data");
 
     let loopback_before = loopback_reference(durations.reference, durations.reference_passes);
     let disk_before = crate::journal::raw_reference(&dir, durations.disk_groups);
-    let server = Server::start(&binary, &data_dir, None)?;
-    let bucket = "bench";
-    create_bucket(&server, bucket)?;
-    // The binary cases also run against a server with auth on (every request carrying a
-    // token), each right after the same case with auth off, so that neither side gets
-    // the quieter minutes of a noisy machine.
-    let authed = Server::start(&binary, &dir.join("data-auth"), Some(BENCH_ROOT_TOKEN))?;
-    create_bucket(&authed, bucket)?;
     let mut cases = Vec::new();
     for format in [Format::Binary, Format::Json] {
         for streams in [1, 100] {
@@ -588,16 +597,28 @@ pub fn run(quick: bool) -> Result<(), String> {
             }
         }
     }
+    // Each case on a server of its own, as the engine alone below: a case does not pay
+    // for the settling of the ones before it. The binary cases also run against a server
+    // with auth on (every request carrying a token), each right after the same case with
+    // auth off, so that neither side gets the quieter minutes of a noisy machine.
     let mut outcomes = Vec::with_capacity(cases.len());
     let mut auth_cases = Vec::new();
-    for &case in &cases {
-        outcomes.push(run_case(&server, bucket, case, &durations));
+    for (i, &case) in cases.iter().enumerate() {
+        outcomes.push(on_a_fresh_server(
+            &binary,
+            &dir.join(format!("data-{i}")),
+            None,
+            |server| run_case(server, case, &durations),
+        )?);
         if case.format == Format::Binary {
-            auth_cases.push((case, run_case(&authed, bucket, case, &durations)));
+            let data_dir = dir.join(format!("data-{i}-auth"));
+            let outcome =
+                on_a_fresh_server(&binary, &data_dir, Some(BENCH_ROOT_TOKEN), |server| {
+                    run_case(server, case, &durations)
+                })?;
+            auth_cases.push((case, outcome));
         }
     }
-    drop(server);
-    drop(authed);
     // The engine alone, for the binary cases: same producers, same streams, same disk.
     let engine_alone: Vec<Option<Outcome>> = cases
         .iter()
@@ -621,8 +642,8 @@ pub fn run(quick: bool) -> Result<(), String> {
 
     println!("\n### Appends over loopback HTTP to `nova serve` (express, 1 KiB records)\n");
     println!(
-        "Server: {} (knobs: {}), its data under \
-         target/bench-http. Client: {CONNECTIONS} keep-alive connections, each a closed loop \
+        "Server: {} (knobs: {}), a new one for each case (and the engine alone a new \
+         node), its data under target/bench-http. Client: {CONNECTIONS} keep-alive connections, each a closed loop \
          on its own thread; {:.1} s measured per case after {:.1} s of warm-up. Reference in \
          the same run: one loopback TCP connection, 128 KiB writes, best of {} passes of \
          {:.1} s before and after the cases: {:.0} MB/s (before {:.0}, after {:.0}), its \
@@ -713,9 +734,8 @@ pub fn run(quick: bool) -> Result<(), String> {
         "\nTarget (issue 6): binary 64-record batches at 0.40 of raw loopback or more: {target}."
     );
     println!(
-        "\nWith auth on (`--root-token-file`, every request carrying the root token; a second \
-         server on its own data directory, each case run right after the same case with auth \
-         off), binary cases:\n"
+        "\nWith auth on (`--root-token-file`, every request carrying the root token; each case \
+         run right after the same case with auth off), binary cases:\n"
     );
     println!(
         "| streams | records per batch | appends/s | p50 µs | p99 µs | server CPU s/GB | \
