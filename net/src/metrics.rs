@@ -17,6 +17,7 @@ struct ShardCounters {
     requests: BTreeMap<(&'static str, u16), u64>,
     connections_open: u64,
     connections_accepted: u64,
+    connections_closed_idle: u64,
     requests_in_flight: u64,
     log_lines_suppressed: u64,
 }
@@ -25,11 +26,17 @@ struct ShardCounters {
 type HttpCounter = (&'static str, &'static str, &'static str, fn(&ShardCounters) -> u64);
 
 /// The HTTP counters `/metrics` gives per shard.
-const HTTP_PER_SHARD: [HttpCounter; 4] = [
+const HTTP_PER_SHARD: [HttpCounter; 5] = [
     ("nova_http_connections_open", "HTTP connections open", "gauge", |c| c.connections_open),
     ("nova_http_connections_accepted_total", "HTTP connections accepted", "counter", |c| {
         c.connections_accepted
     }),
+    (
+        "nova_http_connections_closed_idle_total",
+        "HTTP connections closed after --http-idle-timeout-ms without a request",
+        "counter",
+        |c| c.connections_closed_idle,
+    ),
     ("nova_http_requests_in_flight", "HTTP requests being answered", "gauge", |c| {
         c.requests_in_flight
     }),
@@ -88,8 +95,12 @@ impl Metrics {
         self.with(shard, |c| c.log_lines_suppressed += 1);
     }
 
-    pub fn connection_closed(&self, shard: usize) {
-        self.with(shard, |c| c.connections_open = c.connections_open.saturating_sub(1));
+    /// A connection closed; `idle`: by the server, after --http-idle-timeout-ms.
+    pub fn connection_closed(&self, shard: usize, idle: bool) {
+        self.with(shard, |c| {
+            c.connections_open = c.connections_open.saturating_sub(1);
+            c.connections_closed_idle += u64::from(idle);
+        });
     }
 
     /// The Prometheus text exposition.

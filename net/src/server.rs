@@ -10,22 +10,28 @@
 //! routes it to the stream's leader shard.
 
 use std::cell::Cell;
+use std::convert::Infallible;
 use std::future::Future;
 use std::net::SocketAddr;
-use std::pin::pin;
+use std::pin::{Pin, pin};
 use std::rc::Rc;
 use std::sync::Arc;
-use std::task::Poll;
-use std::time::Duration;
+use std::task::{Context, Poll};
+use std::time::{Duration, Instant};
+
+use bytes::Bytes;
 
 use engine::node::{Service, ServiceContext};
 use glommio::net::{TcpListener, TcpStream};
 use glommio::sync::{Semaphore, StaticPermit};
+use glommio::timer::Timer;
+use http_body::{Frame, SizeHint};
 use hyper::server::conn::http1;
 use hyper::service::service_fn;
 
 use crate::api::{self, Settings, Shared};
 use crate::auth::{Auth, CallerCache};
+use crate::body::Body;
 use crate::io::Io;
 use crate::metrics::Metrics;
 
@@ -49,6 +55,7 @@ impl ServerConfig {
             settings: Settings {
                 body_bytes_max: tuning::HTTP_BODY_BYTES_MAX.default,
                 head_bytes_max: tuning::HTTP_HEAD_BYTES_MAX.default,
+                idle_timeout: Duration::from_millis(tuning::HTTP_IDLE_TIMEOUT_MS.default),
                 log_slow: Duration::from_millis(tuning::HTTP_LOG_SLOW_MS.default),
                 log_lines_per_second: tuning::HTTP_LOG_LINES_PER_SECOND.default,
                 heartbeat: Duration::from_millis(tuning::SSE_HEARTBEAT_MS.default),
@@ -184,31 +191,146 @@ async fn connection(shared: Rc<Shared>, stream: TcpStream, permit: StaticPermit)
     let handler = Rc::clone(&shared);
     // The connection's last caller, so a kept-alive connection's token is checked once.
     let callers = Rc::new(CallerCache::default());
-    let service =
-        service_fn(move |request| api::handle(Rc::clone(&handler), Rc::clone(&callers), request));
+    let activity = Rc::new(Activity { answering: Cell::new(0), last: Cell::new(Instant::now()) });
+    let requests = Rc::clone(&activity);
+    let service = service_fn(move |request| {
+        let answering = Answering::begin(&requests);
+        let answer = api::handle(Rc::clone(&handler), Rc::clone(&callers), request);
+        async move {
+            let response = answer.await?;
+            Ok::<_, Infallible>(response.map(|body| Answer { body, _answering: answering }))
+        }
+    });
     let mut connection =
         pin!(http1::Builder::new().keep_alive(true).serve_connection(Io::new(stream), service));
     let stopping = shared.stopping.clone();
     let mut stop = pin!(stopping.wait());
     let mut shutting_down = false;
+    let mut watchdog = Watchdog::new(shared.settings.idle_timeout);
+    // None: closed for being idle.
     let result = std::future::poll_fn(|cx| {
         if !shutting_down && stop.as_mut().poll(cx).is_ready() {
             shutting_down = true;
             connection.as_mut().graceful_shutdown();
         }
-        match connection.as_mut().poll(cx) {
-            Poll::Ready(result) => Poll::Ready(result),
-            Poll::Pending => Poll::Pending,
+        if let Poll::Ready(result) = connection.as_mut().poll(cx) {
+            return Poll::Ready(Some(result));
         }
+        watchdog.poll_idle(&activity, cx).map(|()| None)
     })
     .await;
-    if let Err(error) = result
+    if let Some(Err(error)) = &result
         && !error.is_incomplete_message()
     {
         crate::log_line!("nova connection on shard {} ended: {error}", shared.shard);
     }
-    shared.metrics.connection_closed(shared.shard);
+    shared.metrics.connection_closed(shared.shard, result.is_none());
     drop(permit);
+}
+
+/// What a connection is doing, for its idle watchdog: how many requests are being
+/// answered (from the call into the service until hyper has written the whole response
+/// body, so a subscription or a long poll counts throughout), and when the last answer
+/// ended (or the connection was accepted).
+struct Activity {
+    answering: Cell<u32>,
+    last: Cell<Instant>,
+}
+
+impl Activity {
+    /// How long until the connection has been idle for `timeout`; None once it has.
+    fn idle_in(&self, timeout: Duration) -> Option<Duration> {
+        if self.answering.get() > 0 {
+            return Some(timeout);
+        }
+        timeout.checked_sub(self.last.get().elapsed()).filter(|left| !left.is_zero())
+    }
+}
+
+/// A request being answered; see [`Activity`].
+struct Answering(Rc<Activity>);
+
+impl Answering {
+    fn begin(activity: &Rc<Activity>) -> Self {
+        activity.answering.set(activity.answering.get() + 1);
+        Answering(Rc::clone(activity))
+    }
+}
+
+impl Drop for Answering {
+    fn drop(&mut self) {
+        self.0.answering.set(self.0.answering.get() - 1);
+        self.0.last.set(Instant::now());
+    }
+}
+
+/// A response body that holds its request's [`Answering`] until hyper drops it: written
+/// whole, or the connection gone.
+struct Answer {
+    body: Body,
+    _answering: Answering,
+}
+
+impl http_body::Body for Answer {
+    type Data = Bytes;
+    type Error = Infallible;
+
+    fn poll_frame(
+        self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+    ) -> Poll<Option<Result<Frame<Bytes>, Infallible>>> {
+        Pin::new(&mut self.get_mut().body).poll_frame(cx)
+    }
+
+    fn is_end_stream(&self) -> bool {
+        self.body.is_end_stream()
+    }
+
+    fn size_hint(&self) -> SizeHint {
+        self.body.size_hint()
+    }
+}
+
+/// Closes a connection idle for `--http-idle-timeout-ms`: one with no request being
+/// answered since its last answer (or since it was accepted). A client sending a head
+/// byte by byte is idle too, so it cannot hold a connection permit for good.
+struct Watchdog {
+    timer: Timer,
+    /// When the timer is due; checked against the clock first, because polling a glommio
+    /// timer registers it with the reactor again, on every wake-up of the connection.
+    due: Instant,
+    armed: bool,
+    timeout: Duration,
+}
+
+impl Watchdog {
+    fn new(timeout: Duration) -> Self {
+        Watchdog {
+            timer: Timer::new(timeout),
+            due: Instant::now() + timeout,
+            armed: false,
+            timeout,
+        }
+    }
+
+    /// Ready once the connection has been idle for the timeout; else Pending, with the
+    /// task woken when it may have been.
+    fn poll_idle(&mut self, activity: &Activity, cx: &mut Context<'_>) -> Poll<()> {
+        if self.armed && Instant::now() < self.due {
+            return Poll::Pending;
+        }
+        loop {
+            if self.armed {
+                let Some(left) = activity.idle_in(self.timeout) else { return Poll::Ready(()) };
+                self.timer.reset(left);
+                self.due = Instant::now() + left;
+            }
+            self.armed = true;
+            if Pin::new(&mut self.timer).poll(cx).is_pending() {
+                return Poll::Pending;
+            }
+        }
+    }
 }
 
 /// A per-process number that tells request ids of different runs apart.

@@ -271,6 +271,41 @@ fn a_timeout_ends_a_call_the_server_never_answers() {
     }
 }
 
+/// A session left idle past the server's `--http-idle-timeout-ms` has its connection
+/// closed by the server; nothing was in flight, so its next batch goes on a new one and
+/// lands, after the first, in order.
+#[test]
+fn a_session_goes_on_after_the_server_closed_it_idle() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let nova = Nova::start_with(&dir.path().join("data"), &["--http-idle-timeout-ms", "1000"], &[]);
+    // Calls on connections of their own (closed after each answer), so that the session's
+    // is the only one the server can close idle.
+    nova.ok("POST", "/v1/buckets/idle", Some(r#"{"create_stream_on_append":true}"#), 201);
+    let client = Client::new(&nova.url).expect("url");
+    let address = Address::new("idle", "s");
+    let mut session = client.append_session(&address, 4).expect("session");
+    session.submit(&batch(&["before"]), &Conditions::default()).expect("submit");
+    assert_eq!(session.recv().expect("ack").result.expect("appended").start.seq_num, 0);
+    // The server counts the connections it closes idle: wait for the session's.
+    let closed_idle = || {
+        let metrics = nova.call("GET", "/metrics", None).text();
+        metrics
+            .lines()
+            .filter_map(|line| line.strip_prefix("nova_http_connections_closed_idle_total{"))
+            .filter_map(|rest| rest.split_whitespace().last()?.parse::<u64>().ok())
+            .sum::<u64>()
+    };
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(30);
+    while closed_idle() == 0 {
+        assert!(std::time::Instant::now() < deadline, "the server never closed the session");
+        std::thread::sleep(std::time::Duration::from_millis(50));
+    }
+    session.submit(&batch(&["after"]), &Conditions::default()).expect("submit");
+    assert_eq!(session.recv().expect("ack").result.expect("appended").start.seq_num, 1);
+    let page = client.read(&address, &ReadOptions::default()).expect("read");
+    assert_eq!(bodies(&page.records), ["before", "after"]);
+}
+
 suite!(
     verbs_in_both_formats,
     append_session_pipelines_in_order,

@@ -1547,3 +1547,82 @@ suite!(
     binary_framing_appends_and_reads,
     a_binary_body_in_pieces_is_appended_whole,
 );
+
+/// A connection with no request being answered is closed after `--http-idle-timeout-ms`,
+/// counted from its last answer or from its accepting: one that sends nothing, one that
+/// sends a request head a byte at a time (it cannot hold a connection permit for good),
+/// and a kept-alive one after its answer. A request being answered keeps it open, however
+/// long: a long poll of twice the timeout is answered on it.
+#[test]
+fn a_connection_without_a_request_is_closed_after_the_idle_timeout() {
+    use std::io::{Read as _, Write as _};
+    use std::net::TcpStream;
+
+    let dir = tempdir();
+    let nova = Nova::start_with(&dir.path().join("data"), &["--http-idle-timeout-ms", "1000"], &[]);
+    let timeout = Duration::from_secs(1);
+    nova.ok("POST", "/v1/buckets/idle", Some(r#"{"default_class":"express"}"#), 201);
+    nova.ok("POST", "/v1/streams/idle/s", None, 201);
+    let connect = || {
+        let stream = TcpStream::connect(&nova.server.authority).expect("connect");
+        // A server that never closes fails the test here instead of hanging it.
+        stream.set_read_timeout(Some(Duration::from_secs(30))).expect("timeout");
+        stream
+    };
+    // What the server sent until it closed the connection, and when it closed it.
+    let until_closed = |mut stream: &TcpStream| {
+        let (mut sent, mut buf) = (Vec::new(), [0u8; 4096]);
+        loop {
+            match stream.read(&mut buf) {
+                Ok(0) => return (String::from_utf8_lossy(&sent).into_owned(), Instant::now()),
+                Ok(n) => sent.extend_from_slice(&buf[..n]),
+                Err(e) if e.kind() == std::io::ErrorKind::ConnectionReset => {
+                    return (String::from_utf8_lossy(&sent).into_owned(), Instant::now());
+                }
+                Err(e) => panic!("the server did not close the connection: {e}"),
+            }
+        }
+    };
+
+    let opened = Instant::now();
+    let (sent, closed) = until_closed(&connect());
+    assert_eq!(sent, "");
+    assert!(closed - opened >= timeout, "closed after {:?}", closed - opened);
+
+    let opened = Instant::now();
+    let slow = connect();
+    let (sent, closed) = std::thread::scope(|scope| {
+        let mut writer = &slow;
+        scope.spawn(move || {
+            for byte in b"GET /health HTTP/1.1\r\nhost: x\r\nx-slow: 1234567890abcdef" {
+                // Until the server closes: then a write fails.
+                if writer.write_all(&[*byte]).is_err() {
+                    return;
+                }
+                std::thread::sleep(Duration::from_millis(100));
+            }
+        });
+        until_closed(&slow)
+    });
+    assert_eq!(sent, "", "a head never finished gets no answer");
+    assert!(closed - opened >= timeout, "closed after {:?}", closed - opened);
+
+    let kept = connect();
+    let asked = Instant::now();
+    (&kept)
+        .write_all(b"GET /v1/streams/idle/s/records?seq_num=0&wait=2 HTTP/1.1\r\nhost: x\r\n\r\n")
+        .expect("ask");
+    let (sent, closed) = until_closed(&kept);
+    assert!(sent.starts_with("HTTP/1.1 200"), "{sent}");
+    assert!(sent.contains(r#""records":[]"#), "{sent}");
+    // The long poll's 2 s, then the idle timeout.
+    assert!(closed - asked >= timeout * 3, "closed after {:?}", closed - asked);
+
+    let metrics = nova.call("GET", "/metrics", None).text();
+    let closed_idle: u64 = metrics
+        .lines()
+        .filter_map(|line| line.strip_prefix("nova_http_connections_closed_idle_total{"))
+        .filter_map(|rest| rest.split_whitespace().last()?.parse::<u64>().ok())
+        .sum();
+    assert_eq!(closed_idle, 3, "{metrics}");
+}

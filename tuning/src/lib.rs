@@ -555,6 +555,18 @@ pub const HTTP_HEAD_BYTES_MAX: Knob = Knob {
     reason: "nova's requests carry a token, a content type and a request id, well under 1 KiB; 64 KiB passes any proxy's headers (most stop at 8-64 KiB) and bounds what a connection holds before its body",
 };
 
+/// How long a connection may go without a request being answered on it.
+pub const HTTP_IDLE_TIMEOUT_MS: Knob = Knob {
+    flag: "http-idle-timeout-ms",
+    env: "NOVA_HTTP_IDLE_TIMEOUT_MS",
+    unit: Unit::Milliseconds,
+    default: 120_000,
+    min: 1_000,
+    max: 86_400_000,
+    help: "a connection with no request being answered on it (idle between requests, or still sending a request head) is closed this long after its last answer, or after it was accepted",
+    reason: "without it a client that opens connections and sends nothing, or a head one byte at a time, holds its shard's connection permits for good; 2 minutes is above any keep-alive pool's idle expiry (60-90 s in common clients), so a pooled connection is closed by its client first",
+};
+
 /// Which requests get a log line: failed ones always, the rest when slower than this.
 pub const HTTP_LOG_SLOW_MS: Knob = Knob {
     flag: "http-log-slow-ms",
@@ -646,6 +658,7 @@ pub const KNOBS: &[Knob] = &[
     HTTP_CONNECTIONS_MAX,
     HTTP_BODY_BYTES_MAX,
     HTTP_HEAD_BYTES_MAX,
+    HTTP_IDLE_TIMEOUT_MS,
     HTTP_LOG_SLOW_MS,
     HTTP_LOG_LINES_PER_SECOND,
     LOG_QUEUE_LINES,

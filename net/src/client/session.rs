@@ -10,11 +10,14 @@
 //!
 //! A session never resends: when its connection fails, every batch in flight is answered
 //! with [`Error::Io`] (it may or may not have landed) and the session is closed; open a
-//! new one, and use `match_seq_num` to make the resend land once.
+//! new one, and use `match_seq_num` to make the resend land once. A connection the server
+//! closed with nothing in flight (idle past its `--http-idle-timeout-ms`) loses nothing:
+//! the next batch goes on a new one.
 
 use std::collections::VecDeque;
 use std::io::{BufReader, BufWriter, Write as _};
 use std::net::{Shutdown, TcpStream};
+use std::os::fd::AsRawFd as _;
 use std::sync::mpsc::{self, Receiver, Sender, SyncSender, TryRecvError};
 use std::thread::JoinHandle;
 use std::time::{Duration, Instant};
@@ -37,27 +40,28 @@ pub struct AppendSession {
     format: Format,
     path: String,
     server: Server,
+    timeout: Option<Duration>,
     in_flight_max: usize,
     in_flight: usize,
     next_ticket: u64,
+    ready: VecDeque<SessionAck>,
+    connection: Connection,
+    /// An answer was lost on this connection: the session stays closed (module docs).
+    failed: bool,
+}
+
+/// A session's connection and the two threads that write to it and read from it.
+struct Connection {
     requests: Option<SyncSender<Vec<u8>>>,
     sent: Option<Sender<(u64, Instant)>>,
     acks: Receiver<SessionAck>,
     spare: Receiver<Vec<u8>>,
-    ready: VecDeque<SessionAck>,
     stream: TcpStream,
     threads: Vec<JoinHandle<()>>,
 }
 
-impl AppendSession {
-    pub(super) fn open(
-        server: &Server,
-        address: &Address,
-        format: Format,
-        in_flight_max: usize,
-        timeout: Option<Duration>,
-    ) -> Result<Self> {
-        let in_flight_max = in_flight_max.max(1);
+impl Connection {
+    fn open(server: &Server, in_flight_max: usize, timeout: Option<Duration>) -> Result<Self> {
         let io_error =
             |error| Error::Io { what: format!("connect to {}", server.authority), error };
         let stream = TcpStream::connect(&server.authority).map_err(io_error)?;
@@ -80,20 +84,69 @@ impl AppendSession {
             .name("nova-append-reader".into())
             .spawn(move || read_loop(read_half, &sent_rx, &acks_tx))
             .map_err(|error| Error::Io { what: "start the reader thread".into(), error })?;
-        Ok(Self {
-            format,
-            path: format!("{}/records", address.path()),
-            server: server.clone(),
-            in_flight_max,
-            in_flight: 0,
-            next_ticket: 0,
+        Ok(Connection {
             requests: Some(requests),
             sent: Some(sent),
             acks,
             spare,
-            ready: VecDeque::new(),
             stream,
             threads: vec![writer, reader],
+        })
+    }
+
+    /// Whether the server has closed the connection (it closes one idle for its
+    /// `--http-idle-timeout-ms`), seen without waiting. Asked only with nothing in flight,
+    /// when no answer is due and the reader thread is not reading.
+    fn closed_by_server(&self) -> bool {
+        let mut probe = [0u8; 1];
+        // SAFETY: recv(2) into a live one-byte buffer, on a socket this session owns;
+        // MSG_PEEK leaves the byte where it is, MSG_DONTWAIT never blocks.
+        let read = unsafe {
+            libc::recv(
+                self.stream.as_raw_fd(),
+                probe.as_mut_ptr().cast(),
+                1,
+                libc::MSG_PEEK | libc::MSG_DONTWAIT,
+            )
+        };
+        // 0: the server's end of stream; a byte: something no request asked for; an
+        // error other than "nothing yet": the connection is gone.
+        read >= 0 || std::io::Error::last_os_error().kind() != std::io::ErrorKind::WouldBlock
+    }
+}
+
+impl Drop for Connection {
+    fn drop(&mut self) {
+        // Closing the channels ends the writer; shutting the socket ends the reader.
+        self.requests = None;
+        self.sent = None;
+        let _ = self.stream.shutdown(Shutdown::Both);
+        for thread in self.threads.drain(..) {
+            let _ = thread.join();
+        }
+    }
+}
+
+impl AppendSession {
+    pub(super) fn open(
+        server: &Server,
+        address: &Address,
+        format: Format,
+        in_flight_max: usize,
+        timeout: Option<Duration>,
+    ) -> Result<Self> {
+        let in_flight_max = in_flight_max.max(1);
+        Ok(Self {
+            format,
+            path: format!("{}/records", address.path()),
+            server: server.clone(),
+            timeout,
+            in_flight_max,
+            in_flight: 0,
+            next_ticket: 0,
+            ready: VecDeque::new(),
+            connection: Connection::open(server, in_flight_max, timeout)?,
+            failed: false,
         })
     }
 
@@ -104,12 +157,16 @@ impl AppendSession {
         if batch.is_empty() {
             return Err(Error::Invalid("a batch needs at least one record".into()));
         }
+        if self.in_flight == 0 && !self.failed && self.connection.closed_by_server() {
+            // Nothing was in flight on it, so nothing is lost: go on on a new connection.
+            self.connection = Connection::open(&self.server, self.in_flight_max, self.timeout)?;
+        }
         while self.in_flight >= self.in_flight_max {
-            let ack = self.acks.recv().map_err(|_| closed())?;
-            self.in_flight -= 1;
+            let ack = self.connection.acks.recv().map_err(|_| closed())?;
+            self.arrived(&ack);
             self.ready.push_back(ack);
         }
-        let mut buffer = self.spare.try_recv().unwrap_or_default();
+        let mut buffer = self.connection.spare.try_recv().unwrap_or_default();
         buffer.clear();
         match self.format {
             Format::Binary => {
@@ -143,19 +200,26 @@ impl AppendSession {
         let ticket = self.next_ticket;
         // The reader answers every ticket sent here, with an error once the connection
         // is gone, so the count below always comes back down.
-        self.sent
+        self.connection
+            .sent
             .as_ref()
             .ok_or_else(closed)?
             .send((ticket, Instant::now()))
             .map_err(|_| closed())?;
         self.next_ticket += 1;
         self.in_flight += 1;
-        if let Some(requests) = &self.requests {
+        if let Some(requests) = &self.connection.requests {
             // A writer that stopped (the connection failed) drops the request; the reader
             // answers it with the failure.
             let _ = requests.send(buffer);
         }
         Ok(ticket)
+    }
+
+    /// An acknowledgement came off the connection.
+    fn arrived(&mut self, ack: &SessionAck) {
+        self.in_flight -= 1;
+        self.failed |= matches!(ack.result, Err(Error::Io { .. }));
     }
 
     /// Batches sent and not yet returned by [`AppendSession::recv`].
@@ -171,8 +235,8 @@ impl AppendSession {
         if self.in_flight == 0 {
             return None;
         }
-        let ack = self.acks.recv().ok()?;
-        self.in_flight -= 1;
+        let ack = self.connection.acks.recv().ok()?;
+        self.arrived(&ack);
         Some(ack)
     }
 
@@ -181,9 +245,9 @@ impl AppendSession {
         if let Some(ack) = self.ready.pop_front() {
             return Some(ack);
         }
-        match self.acks.try_recv() {
+        match self.connection.acks.try_recv() {
             Ok(ack) => {
-                self.in_flight -= 1;
+                self.arrived(&ack);
                 Some(ack)
             }
             Err(TryRecvError::Empty | TryRecvError::Disconnected) => None,
@@ -197,18 +261,6 @@ impl AppendSession {
             acks.push(ack);
         }
         acks
-    }
-}
-
-impl Drop for AppendSession {
-    fn drop(&mut self) {
-        // Closing the channels ends the writer; shutting the socket ends the reader.
-        self.requests = None;
-        self.sent = None;
-        let _ = self.stream.shutdown(Shutdown::Both);
-        for thread in self.threads.drain(..) {
-            let _ = thread.join();
-        }
     }
 }
 
