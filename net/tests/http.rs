@@ -1157,12 +1157,7 @@ fn a_flood_of_failing_requests_writes_a_bounded_log() {
         nova.ok("GET", "/v1/buckets/none-here", None, 404);
     }
     let seconds = started.elapsed().as_secs() + 1;
-    let metrics = nova.call("GET", "/metrics", None).text();
-    let suppressed: usize = metrics
-        .lines()
-        .filter(|l| l.starts_with("nova_http_log_lines_suppressed_total{"))
-        .filter_map(|l| l.rsplit(' ').next()?.parse::<usize>().ok())
-        .sum();
+    let suppressed = nova.metric("nova_http_log_lines_suppressed_total") as usize;
     assert!(nova.terminate().success());
     let log = std::fs::read_to_string(&log).expect("read the log");
     let written = log.lines().filter(|l| l.contains("route=get_bucket status=404")).count();
@@ -1256,7 +1251,7 @@ fn sigterm_case(store: Store) {
         let poll = scope
             .spawn(|| nova.call("GET", "/v1/streams/keep/express/records?seq_num=3&wait=30", None));
         // The poll is in flight once the server counts it (with the metrics request itself).
-        while in_flight(&nova) < 2 {
+        while nova.metric("nova_http_requests_in_flight") < 2 {
             std::thread::yield_now();
         }
         let pid = nova.pid();
@@ -1294,14 +1289,6 @@ fn read_all(nova: &Nova, stream: &str) -> Vec<String> {
             return all;
         }
     }
-}
-
-fn in_flight(nova: &Nova) -> u64 {
-    let text = nova.call("GET", "/metrics", None).text();
-    text.lines()
-        .filter(|l| l.starts_with("nova_http_requests_in_flight{"))
-        .filter_map(|l| l.rsplit(' ').next()?.parse::<u64>().ok())
-        .sum()
 }
 
 fn read_plan_lists_the_objects_holding_records(nova: &Nova) {
@@ -1618,11 +1605,5 @@ fn a_connection_without_a_request_is_closed_after_the_idle_timeout() {
     // The long poll's 2 s, then the idle timeout.
     assert!(closed - asked >= timeout * 3, "closed after {:?}", closed - asked);
 
-    let metrics = nova.call("GET", "/metrics", None).text();
-    let closed_idle: u64 = metrics
-        .lines()
-        .filter_map(|line| line.strip_prefix("nova_http_connections_closed_idle_total{"))
-        .filter_map(|rest| rest.split_whitespace().last()?.parse::<u64>().ok())
-        .sum();
-    assert_eq!(closed_idle, 3, "{metrics}");
+    assert_eq!(nova.metric("nova_http_connections_closed_idle_total"), 3);
 }

@@ -190,6 +190,16 @@ impl Nova {
             .unwrap_or_else(|e| panic!("{method} {path}: {e}"))
     }
 
+    /// The sum of the `/metrics` series named `name` over every label set (each shard's).
+    pub fn metric(&self, name: &str) -> u64 {
+        let text = self.call("GET", "/metrics", None).text();
+        text.lines()
+            .filter_map(|line| line.strip_prefix(name))
+            .filter(|rest| rest.starts_with(['{', ' ']))
+            .filter_map(|rest| rest.rsplit(' ').next()?.parse::<u64>().ok())
+            .sum()
+    }
+
     /// Calls and checks the status; the JSON body.
     pub fn ok(&self, method: &str, path: &str, body: Option<&str>, status: u16) -> Value {
         let response = self.call(method, path, body);
