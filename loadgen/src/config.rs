@@ -51,6 +51,10 @@ output:
   --hdr-log PATH            HdrHistogram interval log (tags ack and e2e, microseconds)
   --report PATH             self-contained report, .svg or .html
   --no-progress             no live progress line (it is only shown on a terminal anyway)
+
+exit status: 0 every append and read was served (and verified, with --verify); 1 could not
+run; 2 verification failed; 3 some appends or reads failed (counted in the report);
+130 / 143 interrupted by SIGINT / SIGTERM
 ";
 
 /// Where the server is.

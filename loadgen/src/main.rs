@@ -1,9 +1,11 @@
 //! `loadgen`: see `docs/loadgen.md` and `loadgen --help`.
 //!
-//! Exit status: 0 when the run completed (and verified, with --verify); 1 when it could
-//! not run (bad arguments, no server, a report that could not be written); 2 when
-//! verification found a problem; 128 + the signal's number (130, 143) when SIGINT or
-//! SIGTERM ended it early (its report is still printed and written).
+//! Exit status: 0 when the run completed with every append and read served (and verified,
+//! with --verify); 1 when it could not run (bad arguments, no server, a report that could
+//! not be written); 2 when verification found a problem; 3 when some appends or reads
+//! failed (refused, or unanswered by the drain: the report counts and names them);
+//! 128 + the signal's number (130, 143) when SIGINT or SIGTERM ended it early (its report
+//! is still printed and written).
 
 use std::process::ExitCode;
 
@@ -86,6 +88,9 @@ fn main() -> ExitCode {
     }
     if outcome.verify_failed() {
         return ExitCode::from(2);
+    }
+    if outcome.had_errors() {
+        return ExitCode::from(3);
     }
     if failed { ExitCode::from(1) } else { ExitCode::SUCCESS }
 }

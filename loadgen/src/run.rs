@@ -105,6 +105,15 @@ impl Outcome {
                 .as_ref()
                 .is_none_or(|r| !r.errors.is_empty() || r.verdicts.iter().any(|(_, v)| !v.clean()))
     }
+
+    /// Whether anything the run asked of the server failed: an append (refused, or
+    /// unanswered by the drain), a follower, or the read-back. The figures are still
+    /// measurements, but of a run that was not all served.
+    pub fn had_errors(&self) -> bool {
+        self.failed_batches > 0
+            || !self.errors.is_empty()
+            || self.read_back.as_ref().is_some_and(|r| !r.errors.is_empty())
+    }
 }
 
 fn create_streams(client: &Client, config: &Config) -> Result<Vec<StreamSpec>, String> {
