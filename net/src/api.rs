@@ -46,7 +46,8 @@ pub struct Settings {
     pub body_bytes_max: u64,
     /// The request target plus every header name and value, at most.
     pub head_bytes_max: u64,
-    /// A connection with no request being answered is closed after this long.
+    /// A connection with no request being answered, or whose client has taken no byte of
+    /// an answer, is closed after this long.
     pub idle_timeout: Duration,
     /// A request that succeeds is logged only when it took at least this long.
     pub log_slow: Duration,

@@ -33,7 +33,7 @@ const HTTP_PER_SHARD: [HttpCounter; 5] = [
     }),
     (
         "nova_http_connections_closed_idle_total",
-        "HTTP connections closed after --http-idle-timeout-ms without a request",
+        "HTTP connections closed after --http-idle-timeout-ms without a request, or with an answer the client stopped reading",
         "counter",
         |c| c.connections_closed_idle,
     ),
@@ -95,7 +95,8 @@ impl Metrics {
         self.with(shard, |c| c.log_lines_suppressed += 1);
     }
 
-    /// A connection closed; `idle`: by the server, after --http-idle-timeout-ms.
+    /// A connection closed; `idle`: by the server, after --http-idle-timeout-ms (idle, or
+    /// its client no longer reading).
     pub fn connection_closed(&self, shard: usize, idle: bool) {
         self.with(shard, |c| {
             c.connections_open = c.connections_open.saturating_sub(1);

@@ -32,7 +32,7 @@ use hyper::service::service_fn;
 use crate::api::{self, Settings, Shared};
 use crate::auth::{Auth, CallerCache};
 use crate::body::Body;
-use crate::io::Io;
+use crate::io::{Io, Progress};
 use crate::metrics::Metrics;
 
 /// The server's configuration.
@@ -191,7 +191,8 @@ async fn connection(shared: Rc<Shared>, stream: TcpStream, permit: StaticPermit)
     let handler = Rc::clone(&shared);
     // The connection's last caller, so a kept-alive connection's token is checked once.
     let callers = Rc::new(CallerCache::default());
-    let activity = Rc::new(Activity { answering: Cell::new(0), last: Cell::new(Instant::now()) });
+    let activity = Rc::new(Activity { answering: Cell::new(0), progress: Rc::default() });
+    let io = Io::new(stream, Rc::clone(&activity.progress));
     let requests = Rc::clone(&activity);
     let service = service_fn(move |request| {
         let answering = Answering::begin(&requests);
@@ -201,8 +202,7 @@ async fn connection(shared: Rc<Shared>, stream: TcpStream, permit: StaticPermit)
             Ok::<_, Infallible>(response.map(|body| Answer { body, _answering: answering }))
         }
     });
-    let mut connection =
-        pin!(http1::Builder::new().keep_alive(true).serve_connection(Io::new(stream), service));
+    let mut connection = pin!(http1::Builder::new().keep_alive(true).serve_connection(io, service));
     let stopping = shared.stopping.clone();
     let mut stop = pin!(stopping.wait());
     let mut shutting_down = false;
@@ -229,21 +229,25 @@ async fn connection(shared: Rc<Shared>, stream: TcpStream, permit: StaticPermit)
 }
 
 /// What a connection is doing, for its idle watchdog: how many requests are being
-/// answered (from the call into the service until hyper has written the whole response
-/// body, so a subscription or a long poll counts throughout), and when the last answer
-/// ended (or the connection was accepted).
+/// answered (from the call into the service until hyper has taken the whole response
+/// body, so a subscription or a long poll counts throughout), and its [`Progress`]: when
+/// it last moved (a write completed, an answer ended, or it was accepted) and whether a
+/// write waits for the client to take bytes.
 struct Activity {
     answering: Cell<u32>,
-    last: Cell<Instant>,
+    progress: Rc<Progress>,
 }
 
 impl Activity {
-    /// How long until the connection has been idle for `timeout`; None once it has.
+    /// How long until the connection has been idle for `timeout`; None once it has. Idle
+    /// is nothing moving: no request being answered and no write since the last answer,
+    /// or a write waiting on a client that has taken no byte for the timeout (a request
+    /// being answered or not: hyper may hold the end of an answer it has already taken).
     fn idle_in(&self, timeout: Duration) -> Option<Duration> {
-        if self.answering.get() > 0 {
+        if self.answering.get() > 0 && !self.progress.write_waiting() {
             return Some(timeout);
         }
-        timeout.checked_sub(self.last.get().elapsed()).filter(|left| !left.is_zero())
+        timeout.checked_sub(self.progress.last().elapsed()).filter(|left| !left.is_zero())
     }
 }
 
@@ -260,7 +264,7 @@ impl Answering {
 impl Drop for Answering {
     fn drop(&mut self) {
         self.0.answering.set(self.0.answering.get() - 1);
-        self.0.last.set(Instant::now());
+        self.0.progress.moved();
     }
 }
 
@@ -292,8 +296,10 @@ impl http_body::Body for Answer {
 }
 
 /// Closes a connection idle for `--http-idle-timeout-ms`: one with no request being
-/// answered since its last answer (or since it was accepted). A client sending a head
-/// byte by byte is idle too, so it cannot hold a connection permit for good.
+/// answered since its last answer (or since it was accepted), or whose client has taken
+/// no byte of an answer for that long. A client sending a head byte by byte is idle too,
+/// and so is a subscriber that stopped reading, so neither holds a connection permit and
+/// its memory for good.
 struct Watchdog {
     timer: Timer,
     /// When the timer is due; checked against the clock first, because polling a glommio

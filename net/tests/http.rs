@@ -1607,3 +1607,105 @@ fn a_connection_without_a_request_is_closed_after_the_idle_timeout() {
 
     assert_eq!(nova.metric("nova_http_connections_closed_idle_total"), 3);
 }
+
+/// An answer the client stops taking holds its connection (a permit) and the answer's
+/// memory only until the idle timeout: once no byte of it has gone out for that long, the
+/// connection is closed. A client that reads slowly is not cut, however long its answer
+/// takes: each byte it takes counts. Here a 16 MiB binary read page (which hyper holds
+/// whole once the body has given it, past the request's answering) read slowly, and a
+/// subscription from the same 16 MiB of history (a body that never ends) not read at
+/// all, each to a socket with a 16 KiB receive buffer.
+#[test]
+fn a_client_that_stops_reading_its_answer_is_closed_after_the_idle_timeout() {
+    use engine::framing::{AppendBuilder, AppendConditions};
+    use std::io::{Read as _, Write as _};
+    use std::net::{SocketAddr, TcpStream};
+
+    let dir = tempdir();
+    let nova = Nova::start_with(&dir.path().join("data"), &["--http-idle-timeout-ms", "1000"], &[]);
+    let timeout = Duration::from_secs(1);
+    nova.ok(
+        "POST",
+        "/v1/buckets/stall",
+        Some(r#"{"create_stream_on_append":true,"default_class":"express"}"#),
+        201,
+    );
+    let media = [("content-type", "application/x-nova-records")];
+    for _ in 0..16 {
+        let mut builder = AppendBuilder::new();
+        for _ in 0..64 {
+            builder.push::<&[u8], &[u8]>(&[], &[7; 16 << 10]).expect("fits");
+        }
+        let framed = builder.finish(&AppendConditions::default());
+        let ack = nova.call_with("POST", "/v1/streams/stall/s/records", &media, Some(&framed));
+        assert_eq!(ack.status, 200, "{}", ack.text());
+    }
+    let page_bytes = 16 << 20;
+    let ask = |accept: &str| {
+        let socket = socket2::Socket::new(socket2::Domain::IPV4, socket2::Type::STREAM, None)
+            .expect("socket");
+        socket.set_recv_buffer_size(16 << 10).expect("SO_RCVBUF");
+        let at: SocketAddr = nova.server.authority.parse().expect("an address");
+        socket.connect(&at.into()).expect("connect");
+        let stream = TcpStream::from(socket);
+        stream.set_read_timeout(Some(Duration::from_secs(30))).expect("timeout");
+        (&stream)
+            .write_all(
+                format!(
+                    "GET /v1/streams/stall/s/records?seq_num=0 HTTP/1.1\r\nhost: x\r\n\
+                     accept: {accept}\r\n\r\n"
+                )
+                .as_bytes(),
+            )
+            .expect("ask");
+        stream
+    };
+    // Until the server closes; how many bytes came.
+    let rest = |mut stream: &TcpStream| {
+        let (mut got, mut buf) = (0, vec![0; 1 << 20]);
+        loop {
+            match stream.read(&mut buf) {
+                Ok(0) => return got,
+                Ok(n) => got += n,
+                Err(e) if e.kind() == std::io::ErrorKind::ConnectionReset => return got,
+                Err(e) => panic!("the server neither answered nor closed: {e}"),
+            }
+        }
+    };
+
+    // Slowly: 64 KiB every 100 ms for three timeouts, then the rest at once. The whole
+    // page arrives on a connection kept alive, not closed.
+    let slow = ask("application/x-nova-records");
+    let started = Instant::now();
+    let mut got = 0;
+    let mut buf = vec![0; 64 << 10];
+    while started.elapsed() < timeout * 3 {
+        got += (&slow).read(&mut buf).expect("a slow read");
+        std::thread::sleep(Duration::from_millis(100));
+    }
+    slow.set_read_timeout(Some(Duration::from_millis(500))).expect("timeout");
+    loop {
+        match (&slow).read(&mut buf) {
+            Ok(0) => panic!("the server closed a connection its client was reading"),
+            Ok(n) => got += n,
+            Err(e) if e.kind() == std::io::ErrorKind::WouldBlock => break,
+            Err(e) => panic!("{e}"),
+        }
+    }
+    assert!(got > page_bytes, "{got} bytes of a {page_bytes}-byte page");
+    assert_eq!(nova.metric("nova_http_connections_closed_idle_total"), 0);
+    drop(slow);
+
+    let stalled = ask("application/x-nova-records; subscribe=true");
+    let asked = Instant::now();
+    let deadline = asked + Duration::from_secs(30);
+    while nova.metric("nova_http_connections_closed_idle_total") < 1 {
+        assert!(Instant::now() < deadline, "a client that stopped reading was never closed");
+        std::thread::sleep(Duration::from_millis(50));
+    }
+    assert!(asked.elapsed() >= timeout, "closed after {:?}", asked.elapsed());
+    // What the socket buffers held, and not the rest of the history.
+    let got = rest(&stalled);
+    assert!((1..page_bytes).contains(&got), "{got} bytes of {page_bytes} bytes of history");
+    assert_eq!(nova.metric("nova_http_connections_closed_idle_total"), 1);
+}

@@ -563,8 +563,8 @@ pub const HTTP_IDLE_TIMEOUT_MS: Knob = Knob {
     default: 120_000,
     min: 1_000,
     max: 86_400_000,
-    help: "a connection with no request being answered on it (idle between requests, or still sending a request head) is closed this long after its last answer, or after it was accepted",
-    reason: "without it a client that opens connections and sends nothing, or a head one byte at a time, holds its shard's connection permits for good; 2 minutes is above any keep-alive pool's idle expiry (60-90 s in common clients), so a pooled connection is closed by its client first",
+    help: "a connection with no request being answered on it (idle between requests, or still sending a request head) is closed this long after its last answer or write, or after it was accepted; so is one whose client has taken no byte of an answer (a subscriber that stopped reading) for this long",
+    reason: "without it a client that opens connections and sends nothing, a head one byte at a time, or a subscription it never reads, holds its shard's connection permits (and an answer's buffers) for good; 2 minutes is above any keep-alive pool's idle expiry (60-90 s in common clients), so a pooled connection is closed by its client first",
 };
 
 /// Which requests get a log line: failed ones always, the rest when slower than this.
