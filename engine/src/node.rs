@@ -15,6 +15,7 @@
 use std::collections::HashMap;
 use std::path::{Path, PathBuf};
 use std::rc::Rc;
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, RwLock};
 
 use glommio::{LocalExecutorBuilder, Placement};
@@ -303,6 +304,9 @@ pub struct Client {
     resolved: Arc<RwLock<HashMap<(BucketName, StreamKey), StreamRecord>>>,
     uploader: Uploader,
     auditor: Arc<std::sync::Mutex<AuditorStats>>,
+    /// Set once every shard has recovered: a shard serves as soon as it has, so a
+    /// caller may reach the node while another shard still replays its journal.
+    recovered: Arc<AtomicBool>,
 }
 
 /// Addresses the resolve cache holds before it starts over.
@@ -375,6 +379,7 @@ impl Node {
             resolved: Arc::default(),
             uploader: uploader.clone(),
             auditor: Arc::default(),
+            recovered: Arc::default(),
         };
         let mut threads = Vec::with_capacity(config.shards);
         for (index, rx) in receivers.into_iter().enumerate() {
@@ -423,6 +428,7 @@ impl Node {
                 }
             }
         }
+        node.client.recovered.store(true, Ordering::Release);
         Ok(node)
     }
 
@@ -670,6 +676,11 @@ async fn run_shard(
 }
 
 impl Client {
+    /// Whether every shard has recovered (the node's start is complete).
+    pub fn recovered(&self) -> bool {
+        self.recovered.load(Ordering::Acquire)
+    }
+
     /// The control plane, for buckets and the stream verbs that need no leader.
     pub fn control(&self) -> &ControlPlane<RedbMetaStore> {
         &self.control

@@ -208,6 +208,9 @@ pub struct ReadRequest {
 /// One page, in binary framing: records frames (no page-end frame; the fields say it).
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct ReadReply {
+    /// The stream the page is of: a stream deleted and created again at the same address
+    /// is another stream, with another ID.
+    pub stream: StreamId,
     pub frames: Vec<u8>,
     pub record_count: u64,
     pub content_bytes: u64,
@@ -1042,7 +1045,10 @@ impl Shard {
         let mut loads = 0;
         loop {
             let may_load = loads < self.config.read_page_loads_max;
-            let step = slot.leader.borrow().page(from, limits, may_load);
+            let (stream, step) = {
+                let leader = slot.leader.borrow();
+                (leader.id(), leader.page(from, limits, may_load))
+            };
             match step {
                 Step::Ready(page) => {
                     let mut frames = Vec::new();
@@ -1050,6 +1056,7 @@ impl Shard {
                         framing::encode_records(&part.records(), &mut frames);
                     }
                     let reply = ReadReply {
+                        stream,
                         frames,
                         record_count: page.record_count(),
                         content_bytes: page.content_bytes,

@@ -264,6 +264,13 @@ async fn route(
         ["health"] => (
             "health",
             match method {
+                // Each shard serves once it has recovered; the node, once all have.
+                Method::GET | Method::HEAD if !shared.client.recovered() => {
+                    Err(ApiError::from_code(
+                        engine::Code::Unavailable,
+                        "recovering: a shard is still replaying its journal; retry shortly",
+                    ))
+                }
                 Method::GET | Method::HEAD => ok(&json!({"status": "serving"})),
                 _ => not_allowed("GET"),
             },

@@ -23,6 +23,7 @@ use std::time::Instant;
 
 use bytes::Bytes;
 use engine::framing;
+use engine::ids::StreamId;
 use engine::names::{BucketName, StreamKey};
 use engine::position::Tail;
 use engine::shard::{ReadReply, ReadRequest};
@@ -134,6 +135,7 @@ pub async fn subscribe(
         shared: Rc::clone(shared),
         bucket: bucket.clone(),
         key: key.clone(),
+        stream: first.stream,
         caller: caller.clone(),
         wire,
         left,
@@ -152,6 +154,9 @@ struct Subscription {
     shared: Rc<Shared>,
     bucket: BucketName,
     key: StreamKey,
+    /// The stream followed: once it is deleted, a stream created at its address is
+    /// another, and the subscription ends with NotFound rather than follow that one.
+    stream: StreamId,
     /// Checked again before each page: a revoked or expired token ends the subscription.
     caller: Caller,
     wire: Wire,
@@ -273,7 +278,12 @@ impl Subscription {
                 None => Ok(()),
             };
             page = match (read, still) {
-                (Ok(page), Ok(())) => page,
+                (Ok(page), Ok(())) if page.stream == self.stream => page,
+                (Ok(_), Ok(())) => {
+                    let gone = engine::Error::stream_not_found(&self.bucket, &self.key);
+                    self.send(self.error(&ApiError::from_engine(&gone))).await;
+                    return;
+                }
                 (_, Err(error)) => {
                     self.send(self.error(&error)).await;
                     return;

@@ -1535,6 +1535,66 @@ suite!(
     a_binary_body_in_pieces_is_appended_whole,
 );
 
+/// A subscription follows one stream: deleted and created again at the same address
+/// between two of its pages (the subscriber not reading, so the subscription waits to
+/// send, not in a read), the new stream is another, and the subscription ends with
+/// not_found after the old stream's records, never sending one of the new stream's.
+#[test]
+fn a_subscription_ends_when_its_stream_is_recreated_under_it() {
+    let dir = tempdir();
+    let nova = Nova::start(&dir.path().join("data"));
+    nova.ok(
+        "POST",
+        "/v1/buckets/again",
+        Some(r#"{"create_stream_on_append":true,"default_class":"express"}"#),
+        201,
+    );
+    // 16 MiB of history: more than the subscription's queue, hyper's buffer and the
+    // sockets' hold, so the subscription stops on a full queue before its end.
+    let old = "o".repeat(16 << 10);
+    let batch = json!({"records": vec![json!({"body": old}); 64]}).to_string();
+    for _ in 0..16 {
+        nova.ok("POST", "/v1/streams/again/s/records", Some(&batch), 200);
+    }
+    let mut stream = subscribe(&nova, "again", "seq_num=0", &[]);
+    // Until the subscription has stopped reading pages: its queue is full.
+    let deadline = Instant::now() + Duration::from_secs(30);
+    let mut pages = nova.metric("nova_reads_total");
+    loop {
+        std::thread::sleep(Duration::from_millis(200));
+        let now = nova.metric("nova_reads_total");
+        if now == pages {
+            break;
+        }
+        assert!(Instant::now() < deadline, "the subscription never stopped reading");
+        pages = now;
+    }
+    assert_eq!(nova.call("DELETE", "/v1/streams/again/s", None).status, 204);
+    // More records than the old stream had, so a read at the subscription's next
+    // position finds some.
+    let new = json!({"records": vec![json!({"body": "n"}); 2048]}).to_string();
+    nova.ok("POST", "/v1/streams/again/s/records", Some(&new), 200);
+    let mut old_records = 0;
+    let end = loop {
+        let next = event(&mut stream);
+        match next.event.as_str() {
+            "batch" => {
+                let data: Value = serde_json::from_str(&next.data).expect("json");
+                for body in bodies(&data) {
+                    assert!(body == old, "record {old_records}, {body:?}: of the new stream");
+                    old_records += 1;
+                }
+            }
+            "ping" => {}
+            _ => break next,
+        }
+    };
+    assert_eq!(end.event, "error", "{}", end.data);
+    assert_eq!(serde_json::from_str::<Value>(&end.data).expect("json")["code"], "not_found");
+    assert!(old_records < 16 * 64, "the premise: the subscription waited before the old end");
+    assert!(next_event(&mut stream.body).expect("read").is_none(), "the stream closes");
+}
+
 /// A connection with no request being answered is closed after `--http-idle-timeout-ms`,
 /// counted from its last answer or from its accepting: one that sends nothing, one that
 /// sends a request head a byte at a time (it cannot hold a connection permit for good),
