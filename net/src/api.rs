@@ -514,6 +514,25 @@ fn number_param(pairs: &[(String, String)], name: &str) -> Result<Option<u64>, A
         .transpose()
 }
 
+/// A timestamp (int64 milliseconds): stored stamps are never below 0 (a negative offer is
+/// raised to it), so a negative one means the same as 0 here.
+fn timestamp_param(pairs: &[(String, String)], name: &str) -> Result<Option<u64>, ApiError> {
+    param(pairs, name)
+        .map(|text| {
+            text.parse::<u64>().ok().or_else(|| text.parse::<i64>().ok().map(|_| 0)).ok_or_else(
+                || {
+                    ApiError::invalid(format!(
+                        "query parameter {name} must be a whole number of milliseconds from {} \
+                         to {}, not {text:?}",
+                        i64::MIN,
+                        u64::MAX
+                    ))
+                },
+            )
+        })
+        .transpose()
+}
+
 fn bool_param(pairs: &[(String, String)], name: &str) -> Result<Option<bool>, ApiError> {
     param(pairs, name)
         .map(|text| match text {
@@ -829,7 +848,7 @@ pub fn read_params(request: &Request<Incoming>, accepted: &[&str]) -> Result<Rea
     let pairs = query(request, accepted)?;
     let starts: Vec<ReadStart> = [
         number_param(&pairs, "seq_num")?.map(ReadStart::SeqNum),
-        number_param(&pairs, "timestamp")?.map(ReadStart::Timestamp),
+        timestamp_param(&pairs, "timestamp")?.map(ReadStart::Timestamp),
         number_param(&pairs, "tail_offset")?.map(ReadStart::TailOffset),
     ]
     .into_iter()
@@ -862,7 +881,7 @@ pub fn read_params(request: &Request<Incoming>, accepted: &[&str]) -> Result<Rea
         clamp: bool_param(&pairs, "clamp")?.unwrap_or(false),
         count: bound("count")?,
         bytes: bound("bytes")?,
-        until: number_param(&pairs, "until")?,
+        until: timestamp_param(&pairs, "until")?,
         wait,
     })
 }
@@ -1001,7 +1020,7 @@ async fn trim(
 ) -> Answer {
     let body = read_body(request, shared.settings.body_bytes_max).await?;
     let object = wire::parse_body(&body, &["seq_num", "timestamp"])?;
-    let to = match (object.u64("seq_num")?, object.u64("timestamp")?) {
+    let to = match (object.u64("seq_num")?, object.timestamp("timestamp")?) {
         (Some(seq_num), None) => TrimTo::SeqNum(seq_num),
         (None, Some(timestamp)) => TrimTo::Timestamp(timestamp),
         _ => return Err(ApiError::invalid("a trim carries exactly one of seq_num or timestamp")),

@@ -318,6 +318,16 @@ fn append_read_and_their_conditions(nova: &Nova) {
     assert_eq!(page["records"][0]["seq_num"], 2);
     let page = nova.ok("GET", "/v1/streams/bb1/s/records?seq_num=0&until=6", None, 200);
     assert_eq!(page["records"].as_array().expect("records").len(), 2);
+    // Timestamps are int64: stored stamps are never below 0, so a negative start is the
+    // first record and a negative until reaches nothing.
+    let page = nova.ok("GET", "/v1/streams/bb1/s/records?timestamp=-5&count=1", None, 200);
+    assert_eq!(page["records"][0]["seq_num"], 0);
+    let page = nova.ok("GET", "/v1/streams/bb1/s/records?seq_num=0&until=-1", None, 200);
+    assert_eq!(page["records"], json!([]));
+    let bad =
+        nova.err("GET", "/v1/streams/bb1/s/records?timestamp=1.5", None, 400, "invalid_argument");
+    let message = bad["message"].as_str().expect("message");
+    assert!(message.contains("timestamp") && message.contains(&i64::MIN.to_string()), "{bad}");
     let page = nova.ok("GET", "/v1/streams/bb1/s/records?seq_num=10", None, 200);
     assert_eq!(page["records"], json!([]), "a start at the tail is an empty page");
     let past = nova.err("GET", "/v1/streams/bb1/s/records?seq_num=11", None, 416, "out_of_range");
@@ -429,6 +439,12 @@ fn append_read_and_their_conditions(nova: &Nova) {
     // Tail and trim.
     let tail = nova.ok("GET", "/v1/streams/bb1/s/tail", None, 200);
     assert_eq!(tail["tail"]["seq_num"], 12);
+    let before_every_record = Some(r#"{"timestamp":-5}"#);
+    assert_eq!(
+        nova.ok("POST", "/v1/streams/bb1/s/trim", before_every_record, 200)["trim_seq_num"],
+        0,
+        "nothing is older than a negative timestamp"
+    );
     assert_eq!(
         nova.ok("POST", "/v1/streams/bb1/s/trim", Some(r#"{"seq_num":3}"#), 200)["trim_seq_num"],
         3
