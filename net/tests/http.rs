@@ -966,12 +966,21 @@ fn health_metrics_and_request_ids(nova: &Nova) {
     assert_eq!(health.header("nova-request-id"), Some(id.as_str()));
     let echoed = nova.call_with("GET", "/health", &[("x-request-id", "abc-123")], None);
     assert_eq!(echoed.header("x-request-id"), Some("abc-123"));
+    // One a log line could be forged with, or too long, is replaced with the server's.
+    for unfit in ["two words".to_owned(), "x".repeat(129)] {
+        let replaced = nova.call_with("GET", "/health", &[("x-request-id", &unfit)], None);
+        let id = replaced.header("x-request-id").expect("a request id");
+        assert!(id != unfit && !id.is_empty(), "{id:?}");
+    }
+    let longest = "x".repeat(128);
+    let kept = nova.call_with("GET", "/health", &[("x-request-id", &longest)], None);
+    assert_eq!(kept.header("x-request-id"), Some(longest.as_str()));
     let missing = nova.call("GET", "/v1/buckets/none-here", None);
     assert!(missing.header("x-request-id").is_some(), "errors carry the id too");
     let metrics = nova.call("GET", "/metrics", None);
     assert_eq!(metrics.status, 200);
     let text = metrics.text();
-    assert!(text.contains(r#"nova_http_requests_total{route="health",status="200"} 2"#), "{text}");
+    assert!(text.contains(r#"nova_http_requests_total{route="health",status="200"} 5"#), "{text}");
     assert!(
         text.contains(r#"nova_http_requests_total{route="get_bucket",status="404"} 1"#),
         "{text}"
