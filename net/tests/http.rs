@@ -1560,6 +1560,106 @@ suite!(
     a_binary_body_in_pieces_is_appended_whole,
 );
 
+/// Every limit of limits.md the other tests do not reach, at its edge: the value at the
+/// limit is taken, one past it refused with invalid_argument naming the field and the
+/// limit; and the producer policy, timestamping and autocreate-on-read rules over HTTP.
+#[test]
+fn limits_at_their_edges_and_policies_over_http() {
+    let dir = tempdir();
+    let nova = Nova::start(&dir.path().join("data"));
+    let refused = |method: &str, path: &str, body: &str, names: &[&str]| {
+        let bad = nova.err(method, path, Some(body), 400, "invalid_argument");
+        let message = bad["message"].as_str().expect("a message");
+        for name in names {
+            assert!(message.contains(name), "{message:?} does not name {name:?}");
+        }
+    };
+
+    // Creation tokens: 64 bytes.
+    let token = |n: usize| format!(r#"{{"creation_token":"{}"}}"#, "t".repeat(n));
+    refused("POST", "/v1/buckets/lim", &token(65), &["creation token", "64"]);
+    nova.ok("POST", "/v1/buckets/lim", Some(&token(64)), 201);
+    refused("POST", "/v1/streams/lim/s", &token(65), &["creation token", "64"]);
+    nova.ok("POST", "/v1/streams/lim/s", Some(&token(64)), 201);
+
+    // Fencing tokens set by Fence: 36 bytes.
+    let fence = |n: usize| format!(r#"{{"fencing_token":"{}"}}"#, "f".repeat(n));
+    refused("POST", "/v1/streams/lim/s/fence", &fence(37), &["fencing token", "36"]);
+    nova.ok("POST", "/v1/streams/lim/s/fence", Some(&fence(36)), 200);
+    let fenced_by = "f".repeat(36);
+
+    // Headers per record: 100.
+    let with_headers = |n: usize| {
+        let headers: Vec<Value> = (0..n).map(|i| json!([format!("h{i}"), "v"])).collect();
+        json!({"records": [{"body": "x", "headers": headers}], "fencing_token": fenced_by})
+            .to_string()
+    };
+    refused("POST", "/v1/streams/lim/s/records", &with_headers(101), &["header", "100"]);
+    nova.ok("POST", "/v1/streams/lim/s/records", Some(&with_headers(100)), 200);
+
+    // A record's content (body, header names and values): 1 MiB, inclusive.
+    let sized = |n: usize| {
+        let record = json!({"body": "b".repeat(n - 1), "headers": [["k", ""]]});
+        json!({"records": [record], "fencing_token": fenced_by}).to_string()
+    };
+    refused("POST", "/v1/streams/lim/s/records", &sized((1 << 20) + 1), &["1048576"]);
+    nova.ok("POST", "/v1/streams/lim/s/records", Some(&sized(1 << 20)), 200);
+
+    // Records per batch: 100,000.
+    let many = |n: usize| {
+        json!({"records": vec![json!({"body": "x"}); n], "fencing_token": fenced_by}).to_string()
+    };
+    refused("POST", "/v1/streams/lim/s/records", &many(100_001), &["100000"]);
+    let ack = nova.ok("POST", "/v1/streams/lim/s/records", Some(&many(100_000)), 200);
+    assert_eq!(
+        ack["end"]["seq_num"].as_u64().unwrap() - ack["start"]["seq_num"].as_u64().unwrap(),
+        100_000
+    );
+
+    // List pages: 1 to 1000 entries.
+    refused("GET", "/v1/buckets?limit=1001", "", &["limit", "1000"]);
+    refused("GET", "/v1/streams/lim?limit=1001", "", &["limit", "1000"]);
+    refused("GET", "/v1/streams/lim?limit=0", "", &["limit"]);
+    nova.ok("GET", "/v1/streams/lim?limit=1000", None, 200);
+
+    // Under the fenced policy an append without a token is refused with the current one;
+    // an explicit empty token matches a stream whose token was never set.
+    nova.ok("POST", "/v1/streams/lim/fenced", Some(r#"{"producer_policy":"fenced"}"#), 201);
+    let bare = nova.err(
+        "POST",
+        "/v1/streams/lim/fenced/records",
+        Some(r#"{"records":[{"body":"x"}]}"#),
+        412,
+        "failed_precondition",
+    );
+    assert_eq!(bare["fencing_token"], "", "{bare}");
+    let empty = r#"{"records":[{"body":"x"}],"fencing_token":""}"#;
+    nova.ok("POST", "/v1/streams/lim/fenced/records", Some(empty), 200);
+
+    // Timestamping: client-require needs a stamp on every record; arrival takes none.
+    nova.ok("POST", "/v1/streams/lim/req", Some(r#"{"timestamping_mode":"client-require"}"#), 201);
+    let partly = r#"{"records":[{"body":"a","timestamp":5},{"body":"b"}]}"#;
+    refused("POST", "/v1/streams/lim/req/records", partly, &["timestamp"]);
+    let stamped = r#"{"records":[{"body":"a","timestamp":5},{"body":"b","timestamp":6}]}"#;
+    nova.ok("POST", "/v1/streams/lim/req/records", Some(stamped), 200);
+    nova.ok("POST", "/v1/streams/lim/arr", Some(r#"{"timestamping_mode":"arrival"}"#), 201);
+    refused("POST", "/v1/streams/lim/arr/records", partly, &["timestamp"]);
+    nova.ok("POST", "/v1/streams/lim/arr/records", Some(r#"{"records":[{"body":"a"}]}"#), 200);
+    // Uncapped stamps and age retention together, refused at create.
+    refused(
+        "POST",
+        "/v1/streams/lim/unc",
+        r#"{"timestamping_uncapped":true,"retention_max_age_ms":60000}"#,
+        &["timestamping_uncapped", "retention_max_age_ms"],
+    );
+
+    // A bucket that creates streams on read: a read of a missing key creates it.
+    nova.ok("POST", "/v1/buckets/onread", Some(r#"{"create_stream_on_read":true}"#), 201);
+    let page = nova.ok("GET", "/v1/streams/onread/new/records?seq_num=0", None, 200);
+    assert_eq!(page["records"], json!([]));
+    nova.ok("GET", "/v1/streams/onread/new", None, 200);
+}
+
 /// A subscription follows one stream: deleted and created again at the same address
 /// between two of its pages (the subscriber not reading, so the subscription waits to
 /// send, not in a read), the new stream is another, and the subscription ends with
