@@ -18,6 +18,7 @@ struct ShardCounters {
     connections_open: u64,
     connections_accepted: u64,
     connections_closed_idle: u64,
+    connections_closed_stalled: u64,
     requests_in_flight: u64,
     log_lines_suppressed: u64,
 }
@@ -26,16 +27,22 @@ struct ShardCounters {
 type HttpCounter = (&'static str, &'static str, &'static str, fn(&ShardCounters) -> u64);
 
 /// The HTTP counters `/metrics` gives per shard.
-const HTTP_PER_SHARD: [HttpCounter; 5] = [
+const HTTP_PER_SHARD: [HttpCounter; 6] = [
     ("nova_http_connections_open", "HTTP connections open", "gauge", |c| c.connections_open),
     ("nova_http_connections_accepted_total", "HTTP connections accepted", "counter", |c| {
         c.connections_accepted
     }),
     (
         "nova_http_connections_closed_idle_total",
-        "HTTP connections closed after --http-idle-timeout-ms without a request, or with an answer the client stopped reading",
+        "HTTP connections closed after --http-idle-timeout-ms without a request",
         "counter",
         |c| c.connections_closed_idle,
+    ),
+    (
+        "nova_http_connections_closed_stalled_total",
+        "HTTP connections closed after their client took no byte of an answer for --http-idle-timeout-ms",
+        "counter",
+        |c| c.connections_closed_stalled,
     ),
     ("nova_http_requests_in_flight", "HTTP requests being answered", "gauge", |c| {
         c.requests_in_flight
@@ -47,6 +54,17 @@ const HTTP_PER_SHARD: [HttpCounter; 5] = [
         |c| c.log_lines_suppressed,
     ),
 ];
+
+/// How a connection ended.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Closed {
+    /// By its client, an error, or a graceful stop.
+    Ended,
+    /// By the watchdog: no request answered for `--http-idle-timeout-ms`.
+    Idle,
+    /// By the watchdog: the client took no byte of an answer for that long.
+    Stalled,
+}
 
 /// A shard counter of the engine: name, help, how to read it.
 type EngineCounter = (&'static str, &'static str, fn(&ShardStats) -> u64);
@@ -95,12 +113,15 @@ impl Metrics {
         self.with(shard, |c| c.log_lines_suppressed += 1);
     }
 
-    /// A connection closed; `idle`: by the server, after --http-idle-timeout-ms (idle, or
-    /// its client no longer reading).
-    pub fn connection_closed(&self, shard: usize, idle: bool) {
+    /// A connection closed: by its client or an error, or by the server's idle watchdog.
+    pub fn connection_closed(&self, shard: usize, closed: Closed) {
         self.with(shard, |c| {
             c.connections_open = c.connections_open.saturating_sub(1);
-            c.connections_closed_idle += u64::from(idle);
+            match closed {
+                Closed::Ended => {}
+                Closed::Idle => c.connections_closed_idle += 1,
+                Closed::Stalled => c.connections_closed_stalled += 1,
+            }
         });
     }
 

@@ -33,7 +33,7 @@ use crate::api::{self, Settings, Shared};
 use crate::auth::{Auth, CallerCache};
 use crate::body::Body;
 use crate::io::{Io, Progress};
-use crate::metrics::Metrics;
+use crate::metrics::{Closed, Metrics};
 
 /// The server's configuration.
 #[derive(Clone, Debug)]
@@ -207,24 +207,26 @@ async fn connection(shared: Rc<Shared>, stream: TcpStream, permit: StaticPermit)
     let mut stop = pin!(stopping.wait());
     let mut shutting_down = false;
     let mut watchdog = Watchdog::new(shared.settings.idle_timeout);
-    // None: closed for being idle.
+    // Err: closed by the watchdog, and why.
     let result = std::future::poll_fn(|cx| {
         if !shutting_down && stop.as_mut().poll(cx).is_ready() {
             shutting_down = true;
             connection.as_mut().graceful_shutdown();
         }
         if let Poll::Ready(result) = connection.as_mut().poll(cx) {
-            return Poll::Ready(Some(result));
+            return Poll::Ready(Ok(result));
         }
-        watchdog.poll_idle(&activity, cx).map(|()| None)
+        watchdog.poll_idle(&activity, cx).map(|()| {
+            Err(if activity.progress.write_waiting() { Closed::Stalled } else { Closed::Idle })
+        })
     })
     .await;
-    if let Some(Err(error)) = &result
+    if let Ok(Err(error)) = &result
         && !error.is_incomplete_message()
     {
         crate::log_line!("nova connection on shard {} ended: {error}", shared.shard);
     }
-    shared.metrics.connection_closed(shared.shard, result.is_none());
+    shared.metrics.connection_closed(shared.shard, result.err().unwrap_or(Closed::Ended));
     drop(permit);
 }
 

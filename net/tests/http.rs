@@ -1879,12 +1879,13 @@ fn a_client_that_stops_reading_its_answer_is_closed_after_the_idle_timeout() {
     }
     assert!(got > page_bytes, "{got} bytes of a {page_bytes}-byte page");
     assert_eq!(nova.metric("nova_http_connections_closed_idle_total"), 0);
+    assert_eq!(nova.metric("nova_http_connections_closed_stalled_total"), 0);
     drop(slow);
 
     let stalled = ask("application/x-nova-records; subscribe=true");
     let asked = Instant::now();
     let deadline = asked + Duration::from_secs(30);
-    while nova.metric("nova_http_connections_closed_idle_total") < 1 {
+    while nova.metric("nova_http_connections_closed_stalled_total") < 1 {
         assert!(Instant::now() < deadline, "a client that stopped reading was never closed");
         std::thread::sleep(Duration::from_millis(50));
     }
@@ -1892,5 +1893,5 @@ fn a_client_that_stops_reading_its_answer_is_closed_after_the_idle_timeout() {
     // What the socket buffers held, and not the rest of the history.
     let got = rest(&stalled);
     assert!((1..page_bytes).contains(&got), "{got} bytes of {page_bytes} bytes of history");
-    assert_eq!(nova.metric("nova_http_connections_closed_idle_total"), 1);
+    assert_eq!(nova.metric("nova_http_connections_closed_stalled_total"), 1);
 }
