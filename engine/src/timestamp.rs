@@ -127,9 +127,10 @@ pub fn stamp(
     Ok(capped.max(previous_ms))
 }
 
-/// An offered `i64` as a stored `u64`: a negative stamp becomes 0, which the final clamp
-/// then raises to the previous stamp.
-fn clamp_to_stored(offered: i64) -> u64 {
+/// A wire timestamp (`i64`) as stored stamps are (`u64`): a negative one becomes 0. An
+/// offered stamp is then raised to the previous one by the final clamp; a read or trim
+/// bound below 0 means what 0 does, since no stored stamp is below it.
+pub fn clamp_to_stored(offered: i64) -> u64 {
     u64::try_from(offered).unwrap_or(0)
 }
 

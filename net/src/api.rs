@@ -20,6 +20,7 @@ use engine::names::{BucketName, StreamKey};
 use engine::node::{Client, ServiceStop};
 use engine::shard::{AppendRequest, PlanRequest, ReadReply, ReadRequest, TrimTo};
 use engine::stream::{PageLimits, ReadStart};
+use engine::timestamp;
 use http_body_util::BodyExt as _;
 use hyper::body::Incoming;
 use hyper::header::{self, HeaderValue};
@@ -514,21 +515,19 @@ fn number_param(pairs: &[(String, String)], name: &str) -> Result<Option<u64>, A
         .transpose()
 }
 
-/// A timestamp (int64 milliseconds): stored stamps are never below 0 (a negative offer is
-/// raised to it), so a negative one means the same as 0 here.
+/// A timestamp bound (int64 milliseconds), as stored stamps compare with it
+/// ([`timestamp::clamp_to_stored`]).
 fn timestamp_param(pairs: &[(String, String)], name: &str) -> Result<Option<u64>, ApiError> {
     param(pairs, name)
         .map(|text| {
-            text.parse::<u64>().ok().or_else(|| text.parse::<i64>().ok().map(|_| 0)).ok_or_else(
-                || {
-                    ApiError::invalid(format!(
-                        "query parameter {name} must be a whole number of milliseconds from {} \
-                         to {}, not {text:?}",
-                        i64::MIN,
-                        u64::MAX
-                    ))
-                },
-            )
+            text.parse::<i64>().map(timestamp::clamp_to_stored).map_err(|_| {
+                ApiError::invalid(format!(
+                    "query parameter {name} must be a whole number of milliseconds from {} to \
+                     {}, not {text:?}",
+                    i64::MIN,
+                    i64::MAX
+                ))
+            })
         })
         .transpose()
 }
@@ -1020,7 +1019,8 @@ async fn trim(
 ) -> Answer {
     let body = read_body(request, shared.settings.body_bytes_max).await?;
     let object = wire::parse_body(&body, &["seq_num", "timestamp"])?;
-    let to = match (object.u64("seq_num")?, object.timestamp("timestamp")?) {
+    let stamp = object.i64("timestamp")?.map(timestamp::clamp_to_stored);
+    let to = match (object.u64("seq_num")?, stamp) {
         (Some(seq_num), None) => TrimTo::SeqNum(seq_num),
         (None, Some(timestamp)) => TrimTo::Timestamp(timestamp),
         _ => return Err(ApiError::invalid("a trim carries exactly one of seq_num or timestamp")),

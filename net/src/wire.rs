@@ -206,19 +206,6 @@ impl Object {
             .transpose()
     }
 
-    /// A timestamp (int64 milliseconds) to compare stored stamps with: those are never
-    /// below 0, so a negative one means the same as 0.
-    pub fn timestamp(&self, field: &str) -> Result<Option<u64>, ApiError> {
-        self.get(field)
-            .map(|value| {
-                value.as_u64().or_else(|| value.as_i64().map(|_| 0)).ok_or_else(|| {
-                    let range = format!("whole milliseconds from {} to {}", i64::MIN, u64::MAX);
-                    self.wrong(field, &range, value)
-                })
-            })
-            .transpose()
-    }
-
     pub fn i64(&self, field: &str) -> Result<Option<i64>, ApiError> {
         self.get(field)
             .map(|value| {
