@@ -233,6 +233,13 @@ impl Nova {
         self.child.take().expect("running").wait().expect("wait for nova")
     }
 
+    /// SIGKILL, then the exit status: a crash, with nothing flushed or closed.
+    pub fn kill(mut self) -> ExitStatus {
+        let mut child = self.child.take().expect("running");
+        child.kill().expect("send SIGKILL");
+        child.wait().expect("wait for nova")
+    }
+
     /// SIGTERM, then the exit status.
     pub fn terminate(mut self) -> ExitStatus {
         let mut child = self.child.take().expect("running");
