@@ -15,7 +15,11 @@ use std::task::{Context, Poll, Waker};
 #[derive(Default)]
 pub struct Notify {
     generation: Cell<u64>,
-    waiters: RefCell<Vec<Waker>>,
+    /// Each waiting [`Changed`]'s key and waker. A `Changed` dropped before a
+    /// notification (a long poll or a subscription page whose wait ran out) takes its
+    /// entry out, so an idle stream's list holds only futures still waiting.
+    waiters: RefCell<Vec<(u64, Waker)>>,
+    next_key: Cell<u64>,
 }
 
 impl Notify {
@@ -31,14 +35,16 @@ impl Notify {
     /// Wakes every waiter.
     pub fn notify(&self) {
         self.generation.set(self.generation.get() + 1);
-        for waker in self.waiters.borrow_mut().drain(..) {
+        // Taken out before waking: a waker may run code that registers again.
+        let waiters = std::mem::take(&mut *self.waiters.borrow_mut());
+        for (_, waker) in waiters {
             waker.wake();
         }
     }
 
     /// Completes once the generation differs from `seen`.
     pub fn changed(&self, seen: u64) -> Changed<'_> {
-        Changed { notify: self, seen }
+        Changed { notify: self, seen, key: None }
     }
 }
 
@@ -46,20 +52,45 @@ impl Notify {
 pub struct Changed<'a> {
     notify: &'a Notify,
     seen: u64,
+    /// Its entry in the waiters, once it has waited.
+    key: Option<u64>,
 }
 
 impl Future for Changed<'_> {
     type Output = ();
 
     fn poll(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<()> {
-        if self.notify.generation.get() != self.seen {
+        let this = self.get_mut();
+        if this.notify.generation.get() != this.seen {
             return Poll::Ready(());
         }
-        let mut waiters = self.notify.waiters.borrow_mut();
-        if !waiters.iter().any(|w| w.will_wake(cx.waker())) {
-            waiters.push(cx.waker().clone());
+        let mut waiters = this.notify.waiters.borrow_mut();
+        match this.key {
+            // Polled again before a notification: its entry is still there.
+            Some(key) => {
+                if let Some((_, waker)) = waiters.iter_mut().find(|(k, _)| *k == key)
+                    && !waker.will_wake(cx.waker())
+                {
+                    waker.clone_from(cx.waker());
+                }
+            }
+            None => {
+                let key = this.notify.next_key.get();
+                this.notify.next_key.set(key + 1);
+                waiters.push((key, cx.waker().clone()));
+                this.key = Some(key);
+            }
         }
         Poll::Pending
+    }
+}
+
+impl Drop for Changed<'_> {
+    fn drop(&mut self) {
+        if let Some(key) = self.key {
+            // Gone already when a notification took the list.
+            self.notify.waiters.borrow_mut().retain(|(k, _)| *k != key);
+        }
     }
 }
 
@@ -98,8 +129,33 @@ mod tests {
         let mut cx = Context::from_waker(&waker);
         assert!(changed.as_mut().poll(&mut cx).is_pending());
         assert!(changed.as_mut().poll(&mut cx).is_pending(), "re-polling registers once");
+        assert_eq!(notify.waiters.borrow().len(), 1);
         notify.notify();
         assert_eq!(count.0.load(Ordering::SeqCst), 1);
         assert!(changed.as_mut().poll(&mut cx).is_ready());
+    }
+
+    #[test]
+    fn a_wait_given_up_leaves_no_waker_behind() {
+        let notify = Notify::new();
+        let count = Arc::new(Count(AtomicUsize::new(0)));
+        let waker = Waker::from(Arc::clone(&count));
+        let mut cx = Context::from_waker(&waker);
+        // Long polls that time out on an idle stream, one after the other.
+        for _ in 0..1000 {
+            let mut changed = std::pin::pin!(notify.changed(notify.generation()));
+            assert!(changed.as_mut().poll(&mut cx).is_pending());
+        }
+        assert_eq!(notify.waiters.borrow().len(), 0);
+        // Two waits of one task: giving up one keeps the other's wake-up.
+        let seen = notify.generation();
+        let mut kept = Box::pin(notify.changed(seen));
+        let mut given_up = Box::pin(notify.changed(seen));
+        assert!(kept.as_mut().poll(&mut cx).is_pending());
+        assert!(given_up.as_mut().poll(&mut cx).is_pending());
+        drop(given_up);
+        notify.notify();
+        assert_eq!(count.0.load(Ordering::SeqCst), 1);
+        assert!(kept.as_mut().poll(&mut cx).is_ready());
     }
 }

@@ -973,15 +973,23 @@ impl Shard {
 
     async fn read(self: &Rc<Self>, slot: &Rc<Slot>, request: ReadRequest) -> Result<ReadReply> {
         let deadline = request.wait.map(|wait| Instant::now() + wait);
+        let mut start = request.start;
         loop {
             let seen = slot.changed.generation();
             if slot.leader.borrow().is_deleted() {
                 return Err(slot.not_found());
             }
-            let from = self.locate(slot, request.start, request.clamp).await?;
+            let from = self.locate(slot, start, request.clamp).await?;
+            // A wait goes on from where the read stood: a tail offset or a clamped start
+            // located again would move up with the tail past the very records waited
+            // for. A start by time is located again: what arrives may be stamped before it.
+            if !matches!(start, ReadStart::Timestamp(_)) {
+                start = ReadStart::SeqNum(from);
+            }
             let (reply, loaded) = self.page(slot, from, request.limits).await?;
             let waited_out = deadline.is_none_or(|d| Instant::now() >= d) || self.closing.get();
-            if reply.record_count > 0 || waited_out {
+            // A read that reached `until` is complete: nothing that arrives can be in it.
+            if reply.record_count > 0 || reply.reached_until || waited_out {
                 let class = slot.leader.borrow().options().class;
                 self.count(|s| {
                     s.read_cache_hits += u64::from(!loaded);

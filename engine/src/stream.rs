@@ -570,6 +570,13 @@ impl<B: ChunkStorage, L: Clone> Leader<B, L> {
                 break;
             }
         }
+        // At the tail, a bound `until` at or below the last stamp is reached for good:
+        // stamps never decrease, so every record still to come is stamped at or after it.
+        if seq == self.durable.seq_num
+            && limits.until.is_some_and(|until| self.durable.timestamp >= until)
+        {
+            page.reached_until = true;
+        }
         page.next_seq_num = seq;
         Step::Ready(page)
     }

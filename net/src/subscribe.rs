@@ -7,8 +7,8 @@
 //! SSE events: `batch` (`id:` the last seq_num in it), `ping` with the tail when idle for
 //! the heartbeat interval, `end` when a bound (`count`, `bytes`, `until`) is reached,
 //! `error` (a deleted stream ends with not_found). Binary frames (framing.rs): records
-//! frames as the chunk holds them, heartbeat frames with the tail, an end frame, an error
-//! frame. `Last-Event-ID` resumes right after the sequence number it names and wins over
+//! frames as the chunk holds them, each page closed by a page-end frame with the tail,
+//! heartbeat frames with the tail, an end frame, an error frame. `Last-Event-ID` resumes right after the sequence number it names and wins over
 //! `seq_num`. A start past the tail is an ordinary 416 before any event. Pages after the
 //! first never create the stream, so deleting it ends the subscription, and a token
 //! revoked or expired since the subscription began ends it with unauthenticated.
@@ -195,7 +195,13 @@ impl Subscription {
                 let data = json!({"records": records, "tail": position(page.tail)});
                 Ok(event("batch", Some(last), &data))
             }
-            Wire::Binary => Ok(Bytes::from(page.frames)),
+            Wire::Binary => {
+                // Closed by a page end, as a read's page is: it carries the tail, so the
+                // subscriber can tell how far behind it is.
+                let mut frames = page.frames;
+                framing::encode_page_end(page.next_seq_num, page.tail, &mut frames);
+                Ok(Bytes::from(frames))
+            }
         }
     }
 

@@ -219,6 +219,15 @@ fn subscriptions_follow_in_both_framings(nova: &Nova) {
             })
             .collect();
         assert_eq!(records, ["b", "c"]);
+        // The tail is the stream's, not the last record delivered: in both framings.
+        let tails: Vec<u64> = events
+            .iter()
+            .filter_map(|e| match e {
+                SubscriptionEvent::Records { tail, .. } => Some(tail.seq_num),
+                SubscriptionEvent::Heartbeat { .. } => None,
+            })
+            .collect();
+        assert_eq!(tails, [4], "sse: {sse}");
     }
     let past = client
         .subscribe(&Address::new("cl-sub", "bin-bounded"), &ReadOptions::from_seq_num(99), false)

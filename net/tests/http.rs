@@ -643,6 +643,47 @@ fn long_poll_returns_when_records_arrive(nova: &Nova) {
     });
     assert_eq!(bodies(&page), ["late"]);
     assert!(started.elapsed() < Duration::from_secs(20), "{:?}", started.elapsed());
+    // A poll from the tail (a tail offset, or a start past it with clamp) gets what arrives
+    // while it waits, though the tail then moves past where it began.
+    for (query, body) in [("tail_offset=0", "from-tail"), ("seq_num=1000&clamp=true", "clamped")] {
+        let waiting = nova.metric("nova_shard_reads_waiting");
+        let page = std::thread::scope(|scope| {
+            let path = format!("/v1/streams/lpo/s/records?{query}&wait=30");
+            let poll = scope.spawn(move || nova.ok("GET", &path, None, 200));
+            while nova.metric("nova_shard_reads_waiting") <= waiting {
+                std::thread::yield_now();
+            }
+            let append = format!(r#"{{"records":[{{"body":"{body}"}}]}}"#);
+            nova.ok("POST", "/v1/streams/lpo/s/records", Some(&append), 200);
+            poll.join().expect("poll")
+        });
+        assert_eq!(bodies(&page), [body], "{query}");
+    }
+}
+
+/// A read from the tail bounded by an `until` at or below the last stamp is complete at
+/// once: stamps never decrease, so every record still to come is stamped at or after it.
+fn a_read_from_the_tail_until_its_last_stamp_is_complete_at_once(nova: &Nova) {
+    use engine::framing::Frame;
+    nova.ok("POST", "/v1/buckets/lpu", Some(r#"{"default_class":"express"}"#), 201);
+    nova.ok("POST", "/v1/streams/lpu/s", None, 201);
+    let ack =
+        nova.ok("POST", "/v1/streams/lpu/s/records", Some(r#"{"records":[{"body":"a"}]}"#), 200);
+    let stamp = ack["end"]["timestamp"].as_u64().expect("a stamp");
+    let started = Instant::now();
+    let query = format!("tail_offset=0&until={stamp}");
+    let page = nova.ok("GET", &format!("/v1/streams/lpu/s/records?{query}&wait=60"), None, 200);
+    assert_eq!((page["records"].clone(), page["next_seq_num"].clone()), (json!([]), json!(1)));
+    assert!(started.elapsed() < Duration::from_secs(30), "waited {:?}", started.elapsed());
+    // A subscription ends before its first heartbeat (every 200 ms here), in both wires.
+    let mut stream = subscribe(nova, "lpu", &query, &[]);
+    assert_eq!(event(&mut stream).event, "end");
+    let mut stream = subscribe_binary(nova, "lpu", &query);
+    assert_eq!(binary_frame(&mut stream), Frame::End);
+    // An `until` above the last stamp is not reached: a record may still be stamped below it.
+    let later = format!("tail_offset=0&until={}", stamp + 1);
+    let mut stream = subscribe(nova, "lpu", &later, &[]);
+    assert_eq!(event(&mut stream).event, "ping");
 }
 
 /// An SSE subscription to stream `s` of `bucket`.
@@ -1367,7 +1408,7 @@ fn read_plan_lists_the_objects_holding_records(nova: &Nova) {
 
 /// Reads the binary frames of a subscription: the records' bodies and the other frames.
 fn binary_frame(stream: &mut client::Streaming) -> engine::framing::Frame<'static> {
-    use engine::framing::{Frame, decode_frame};
+    use engine::framing::decode_frame;
     use std::io::Read;
     let mut len = [0u8; 4];
     stream.body.read_exact(&mut len).expect("a frame length");
@@ -1377,9 +1418,25 @@ fn binary_frame(stream: &mut client::Streaming) -> engine::framing::Frame<'stati
     let frame: &'static [u8] = Box::leak(frame.into_boxed_slice());
     let (decoded, used) = decode_frame(frame).expect("a valid frame").expect("complete");
     assert_eq!(used, frame.len());
-    match decoded {
-        Frame::Records(_) | Frame::Heartbeat(_) | Frame::End | Frame::Error(_) => decoded,
-        other => panic!("a subscription sends no {other:?}"),
+    decoded
+}
+
+/// The next page of a binary subscription (heartbeats before it skipped): the records
+/// of its records frames, and its page end's next seq_num and tail.
+fn binary_page(
+    stream: &mut client::Streaming,
+) -> (Vec<(u64, String)>, u64, engine::position::Tail) {
+    use engine::framing::Frame;
+    let mut records = Vec::new();
+    loop {
+        match binary_frame(stream) {
+            Frame::Heartbeat(_) if records.is_empty() => {}
+            frame @ Frame::Records(_) => records.extend(frame_bodies(&frame)),
+            Frame::PageEnd { next_seq_num, tail } if !records.is_empty() => {
+                return (records, next_seq_num, tail);
+            }
+            other => panic!("expected a page's frames, got {other:?}"),
+        }
     }
 }
 
@@ -1421,24 +1478,19 @@ fn binary_subscription_follows_live_records_and_ends(nova: &Nova) {
         stream
     };
     let mut stream = open("seq_num=0", &accept);
-    let mut seen = Vec::new();
-    while seen.len() < 2 {
-        seen.extend(frame_bodies(&binary_frame(&mut stream)));
-    }
+    let (seen, next_seq_num, tail) = binary_page(&mut stream);
     assert_eq!(seen, [(0, "h0".to_owned()), (1, "h1".to_owned())]);
+    // Each page ends with the tail, as a read's does.
+    assert_eq!((next_seq_num, tail.seq_num), (2, 2));
     // Idle: a heartbeat with the tail.
     match binary_frame(&mut stream) {
         Frame::Heartbeat(tail) => assert_eq!(tail.seq_num, 2),
         other => panic!("expected a heartbeat, got {other:?}"),
     }
     append("l2");
-    let live = loop {
-        let frame = binary_frame(&mut stream);
-        if !matches!(frame, Frame::Heartbeat(_)) {
-            break frame;
-        }
-    };
-    assert_eq!(frame_bodies(&live), [(2, "l2".to_owned())]);
+    let (live, next_seq_num, tail) = binary_page(&mut stream);
+    assert_eq!(live, [(2, "l2".to_owned())]);
+    assert_eq!((next_seq_num, tail.seq_num), (3, 3));
     // Deleting the stream ends it with not_found, though the bucket creates on read.
     assert_eq!(nova.call("DELETE", "/v1/streams/bsub/s", None).status, 204);
     let end = loop {
@@ -1469,6 +1521,10 @@ fn binary_subscription_follows_live_records_and_ends(nova: &Nova) {
         let frame = binary_frame(&mut stream);
         match frame {
             Frame::Records(_) => seen.extend(frame_bodies(&frame)),
+            // The tail when the page was read: all 4 records, though the bound stops at 2.
+            Frame::PageEnd { next_seq_num, tail } => {
+                assert_eq!((next_seq_num, tail.seq_num), (3, 4))
+            }
             other => break other,
         }
     };
@@ -1497,7 +1553,7 @@ fn binary_records_then_end(stream: &mut client::Streaming) -> Vec<(u64, String)>
         let frame = binary_frame(stream);
         match frame {
             Frame::Records(_) => seen.extend(frame_bodies(&frame)),
-            Frame::Heartbeat(_) => {}
+            Frame::Heartbeat(_) | Frame::PageEnd { .. } => {}
             Frame::End => break,
             other => panic!("unexpected frame {other:?}"),
         }
@@ -1523,13 +1579,7 @@ fn binary_subscription_bytes_bound_the_whole_subscription(nova: &Nova) {
     let mut stream = subscribe_binary(nova, "bsubb", "seq_num=5&bytes=4");
     assert!(matches!(binary_frame(&mut stream), Frame::Heartbeat(_)), "idle at the tail");
     append_bodies(nova, "bsubb", &["fff"]);
-    let live = loop {
-        let frame = binary_frame(&mut stream);
-        if !matches!(frame, Frame::Heartbeat(_)) {
-            break frame;
-        }
-    };
-    assert_eq!(frame_bodies(&live), owned(&[(5, "fff")]));
+    assert_eq!(binary_page(&mut stream).0, owned(&[(5, "fff")]));
     append_bodies(nova, "bsubb", &["ggg"]);
     assert_eq!(binary_records_then_end(&mut stream), []);
     // At the live tail, a first record larger than the budget is delivered, then it ends.
@@ -1552,6 +1602,7 @@ suite!(
     base64_round_trips_all_256_byte_values,
     concurrent_producers_batches_stay_contiguous,
     long_poll_returns_when_records_arrive,
+    a_read_from_the_tail_until_its_last_stamp_is_complete_at_once,
     subscription_delivers_history_then_live_records_and_ends,
     subscription_resumes_after_last_event_id_and_ends_at_a_bound,
     subscription_bytes_bound_the_whole_subscription,

@@ -33,6 +33,8 @@ pub struct Subscription {
     stream: Streaming,
     sse: bool,
     frame: Vec<u8>,
+    /// The records of a binary page read so far, until its page end.
+    page: Vec<Record>,
     done: bool,
     /// The seq_num after the last record delivered: where to resume.
     next_seq_num: Option<u64>,
@@ -69,7 +71,14 @@ impl Subscription {
                 .map_err(|error| Error::Io { what: format!("subscribe to {address}"), error })?;
             return Err(Error::from_response(&response));
         }
-        Ok(Self { stream, sse, frame: Vec::new(), done: false, next_seq_num: None })
+        Ok(Self {
+            stream,
+            sse,
+            frame: Vec::new(),
+            page: Vec::new(),
+            done: false,
+            next_seq_num: None,
+        })
     }
 
     /// The sequence number after the last record delivered (resume with
@@ -89,22 +98,24 @@ impl Subscription {
                 .map_err(|e| Error::Protocol(format!("a subscription frame is corrupt: {e}")))?
                 .ok_or_else(|| Error::Protocol("a subscription frame is cut short".into()))?;
             return match frame {
+                // A page's records frames, then its page end with the tail.
                 Frame::Records(run) => {
-                    let mut records = Vec::with_capacity(run.len());
-                    push_records(&run, &mut records)?;
-                    // The tail follows in a heartbeat only when idle; a records frame says
-                    // at least this much.
-                    let last = records.last().map_or(Position::default(), |r| Position {
-                        seq_num: r.seq_num + 1,
-                        timestamp: r.timestamp,
-                    });
-                    self.next_seq_num = Some(last.seq_num);
-                    Ok(Some(SubscriptionEvent::Records { records, tail: last }))
+                    push_records(&run, &mut self.page)?;
+                    continue;
+                }
+                Frame::PageEnd { next_seq_num, tail } => {
+                    if self.page.is_empty() {
+                        continue;
+                    }
+                    self.next_seq_num = Some(next_seq_num);
+                    Ok(Some(SubscriptionEvent::Records {
+                        records: std::mem::take(&mut self.page),
+                        tail: Position { seq_num: tail.seq_num, timestamp: tail.timestamp },
+                    }))
                 }
                 Frame::Heartbeat(tail) => Ok(Some(SubscriptionEvent::Heartbeat {
                     tail: Position { seq_num: tail.seq_num, timestamp: tail.timestamp },
                 })),
-                Frame::PageEnd { .. } => continue,
                 Frame::End => Ok(None),
                 Frame::Error(text) => Err(api_error_frame(text)),
             };
