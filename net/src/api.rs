@@ -72,6 +72,34 @@ pub struct Shared {
     pub auth: Option<Arc<Auth>>,
 }
 
+/// The largest body of a request other than an append (bucket and stream settings, a
+/// fence, a trim, a token): ten times the largest a valid one needs (64 grants of a
+/// 1 KiB key prefix). Such a body is parsed as a JSON tree, which takes many times its
+/// text; an append's body is parsed as it streams (`append_json.rs`).
+pub const CONTROL_BODY_BYTES_MAX: u64 = 1 << 20;
+
+/// How large a request body may be, and what a refusal names as the limit.
+#[derive(Clone, Copy, Debug)]
+struct BodyLimit {
+    bytes: u64,
+    name: &'static str,
+}
+
+impl Shared {
+    /// An append's body.
+    fn append_body_limit(&self) -> BodyLimit {
+        BodyLimit { bytes: self.settings.body_bytes_max, name: "--http-body-bytes-max" }
+    }
+
+    /// Any other body (`--http-body-bytes-max` is never below it).
+    fn control_body_limit(&self) -> BodyLimit {
+        BodyLimit {
+            bytes: CONTROL_BODY_BYTES_MAX,
+            name: "the limit of a body other than an append's",
+        }
+    }
+}
+
 /// Serves one request: route, answer, request id, log line, count.
 pub async fn handle(
     shared: Rc<Shared>,
@@ -590,7 +618,7 @@ pub fn accepts_binary_subscription(request: &Request<Incoming>) -> bool {
 
 /// The request body in one piece (joined, a copy, only if it came in several); see
 /// [`read_pieces`].
-async fn read_body(request: Request<Incoming>, limit: u64) -> Result<Bytes, ApiError> {
+async fn read_body(request: Request<Incoming>, limit: BodyLimit) -> Result<Bytes, ApiError> {
     let mut pieces = read_pieces(request, limit).await?;
     Ok(match pieces.len() {
         1 => pieces.pop().expect("one piece"),
@@ -601,10 +629,11 @@ async fn read_body(request: Request<Incoming>, limit: u64) -> Result<Bytes, ApiE
 /// The request body, in the pieces hyper read it in (never joined here), refused past
 /// the limit before it is held whole: from `Content-Length` at once, or as soon as the
 /// bytes read pass the limit.
-async fn read_pieces(request: Request<Incoming>, limit: u64) -> Result<Vec<Bytes>, ApiError> {
+async fn read_pieces(request: Request<Incoming>, limit: BodyLimit) -> Result<Vec<Bytes>, ApiError> {
+    let BodyLimit { bytes: limit, name } = limit;
     let too_large = |len: String| {
         ApiError::invalid(format!(
-            "request body is {len} bytes, over the limit of {limit} bytes (--http-body-bytes-max)"
+            "request body is {len} bytes, over the limit of {limit} bytes ({name})"
         ))
     };
     let declared = request
@@ -663,7 +692,7 @@ async fn list_buckets(shared: &Shared, request: &Request<Incoming>) -> Answer {
 }
 
 async fn create_bucket(shared: &Shared, bucket: &BucketName, request: Request<Incoming>) -> Answer {
-    let body = read_body(request, shared.settings.body_bytes_max).await?;
+    let body = read_body(request, shared.control_body_limit()).await?;
     let (config, token) = wire::bucket_create(&body)?;
     let created = shared.client.control().create_bucket(bucket, &config, token.as_deref()).await?;
     let status = if created.created { StatusCode::CREATED } else { StatusCode::OK };
@@ -675,7 +704,7 @@ async fn get_bucket(shared: &Shared, bucket: &BucketName) -> Answer {
 }
 
 async fn update_bucket(shared: &Shared, bucket: &BucketName, request: Request<Incoming>) -> Answer {
-    let body = read_body(request, shared.settings.body_bytes_max).await?;
+    let body = read_body(request, shared.control_body_limit()).await?;
     let config = wire::bucket_update(&body)?;
     ok(&wire::bucket_json(&shared.client.control().update_bucket(bucket, &config).await?))
 }
@@ -701,7 +730,7 @@ fn token_table(shared: &Shared) -> Result<&Auth, ApiError> {
 
 async fn issue_token(shared: &Shared, caller: &Caller, request: Request<Incoming>) -> Answer {
     let auth = token_table(shared)?;
-    let body = read_body(request, shared.settings.body_bytes_max).await?;
+    let body = read_body(request, shared.control_body_limit()).await?;
     let asked = wire::token_request(&body)?;
     let now = now_ms();
     let expires_at_ms = asked.expires_in_seconds.map(|seconds| now.saturating_add(seconds * 1000));
@@ -768,7 +797,7 @@ async fn create_stream(
     key: &StreamKey,
     request: Request<Incoming>,
 ) -> Answer {
-    let body = read_body(request, shared.settings.body_bytes_max).await?;
+    let body = read_body(request, shared.control_body_limit()).await?;
     let (options, token) = wire::stream_create(&body)?;
     let created =
         shared.client.control().create_stream(bucket, key, &options, token.as_deref()).await?;
@@ -787,7 +816,7 @@ async fn reconfigure(
     key: &StreamKey,
     request: Request<Incoming>,
 ) -> Answer {
-    let body = read_body(request, shared.settings.body_bytes_max).await?;
+    let body = read_body(request, shared.control_body_limit()).await?;
     let patch = wire::stream_patch(&body)?;
     ok(&wire::stream_json(&shared.client.reconfigure(bucket, key, patch).await?, None))
 }
@@ -811,11 +840,11 @@ async fn append(
     let append = if binary {
         // The framed batch goes to the engine as it came, in the pieces it was read in;
         // the engine validates it in place.
-        let pieces = read_pieces(request, shared.settings.body_bytes_max).await?;
+        let pieces = read_pieces(request, shared.append_body_limit()).await?;
         AppendRequest { framed: FramedBody::from_pieces(pieces), offered: None }
     } else {
-        let body = read_body(request, shared.settings.body_bytes_max).await?;
-        wire::append_request(&body, encoding)?
+        let body = read_body(request, shared.append_body_limit()).await?;
+        crate::append_json::append_request(&body, encoding)?
     };
     let ack = shared.client.append(bucket, key, append).await?;
     ok(&json!({
@@ -1000,7 +1029,7 @@ async fn fence(
     key: &StreamKey,
     request: Request<Incoming>,
 ) -> Answer {
-    let body = read_body(request, shared.settings.body_bytes_max).await?;
+    let body = read_body(request, shared.control_body_limit()).await?;
     let object = wire::parse_body(&body, &["fencing_token", "expected"])?;
     let token = object
         .str("fencing_token")?
@@ -1017,7 +1046,7 @@ async fn trim(
     key: &StreamKey,
     request: Request<Incoming>,
 ) -> Answer {
-    let body = read_body(request, shared.settings.body_bytes_max).await?;
+    let body = read_body(request, shared.control_body_limit()).await?;
     let object = wire::parse_body(&body, &["seq_num", "timestamp"])?;
     let stamp = object.i64("timestamp")?.map(timestamp::clamp_to_stored);
     let to = match (object.u64("seq_num")?, stamp) {

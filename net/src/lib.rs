@@ -17,6 +17,7 @@ macro_rules! log_line {
 pub(crate) use log_line;
 
 pub mod api;
+mod append_json;
 pub mod auth;
 pub mod body;
 pub mod cli;

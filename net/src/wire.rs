@@ -12,15 +12,12 @@ use base64::Engine as _;
 use base64::engine::general_purpose::STANDARD as BASE64;
 use engine::auth::{Grant, TOKEN_DESCRIPTION_BYTES_MAX, TOKEN_LIFETIME_SECONDS_MAX, TokenRecord};
 use engine::control::{BucketRecord, StreamRecord};
-use engine::framing::{AppendBuilder, AppendConditions, Frame, decode_frame};
-use engine::limits::FENCING_TOKEN_BYTES_MAX;
+use engine::framing::{Frame, decode_frame};
 use engine::options::{
     BucketConfigRequest, OptionScope, ProducerPolicy, StorageClass, StreamOptions,
     StreamOptionsPatch, StreamOptionsRequest, TimestampingMode,
 };
 use engine::position::Tail;
-use engine::shard::AppendRequest;
-use engine::timestamp::Offered;
 use serde_json::{Map, Value, json};
 
 use crate::error::{ApiError, position};
@@ -45,6 +42,18 @@ impl Encoding {
                     field()
                 ))
             }),
+        }
+    }
+
+    /// [`Encoding::decode`] of a string already owned: text is taken as it is, uncopied.
+    pub fn decode_owned(
+        self,
+        text: String,
+        field: &dyn Fn() -> String,
+    ) -> Result<Vec<u8>, ApiError> {
+        match self {
+            Encoding::Text => Ok(text.into_bytes()),
+            Encoding::Base64 => self.decode(&text, field),
         }
     }
 
@@ -77,12 +86,49 @@ pub fn parse_body(body: &[u8], accepted: &[&str]) -> Result<Object, ApiError> {
     if body.iter().all(u8::is_ascii_whitespace) {
         return Ok(Object { map: Map::new(), prefix: String::new() });
     }
-    let Unique(value) = serde_json::from_slice(body).map_err(|error| match error.classify() {
+    let Unique(value) = serde_json::from_slice(body).map_err(|error| body_error(&error))?;
+    Object::from_value(value, String::new(), "request body", accepted)
+}
+
+/// The error for a body the JSON parser refused.
+pub(crate) fn body_error(error: &serde_json::Error) -> ApiError {
+    match error.classify() {
         // Every JSON value is accepted but an object naming a field twice.
         serde_json::error::Category::Data => ApiError::invalid(format!("request body {error}")),
         _ => ApiError::invalid(format!("request body is not valid JSON: {error}")),
-    })?;
-    Object::from_value(value, String::new(), "request body", accepted)
+    }
+}
+
+/// The error for a field not among `accepted`; `prefix` (e.g. `records[2].`) and `what`
+/// (e.g. `records[2]`) place it.
+pub(crate) fn unknown_field(prefix: &str, name: &str, what: &str, accepted: &[&str]) -> ApiError {
+    ApiError::invalid(format!(
+        "unknown field {prefix}{name:?} in {what}; accepted fields are {}",
+        accepted.join(", ")
+    ))
+}
+
+/// The error for a field `name` holding the wrong kind of value, `shown` as in a message.
+pub(crate) fn wrong(name: &str, expected: &str, shown: &str) -> ApiError {
+    ApiError::invalid(format!("field {name} must be {expected}, not {shown}"))
+}
+
+/// A u64 field's value.
+pub(crate) fn u64_value(name: &str, value: &Value) -> Result<u64, ApiError> {
+    value.as_u64().ok_or_else(|| u64_wrong(name, &excerpt(value)))
+}
+
+pub(crate) fn u64_wrong(name: &str, shown: &str) -> ApiError {
+    wrong(name, &format!("a whole number from 0 to {}", u64::MAX), shown)
+}
+
+/// An i64 field's value.
+pub(crate) fn i64_value(name: &str, value: &Value) -> Result<i64, ApiError> {
+    value.as_i64().ok_or_else(|| i64_wrong(name, &excerpt(value)))
+}
+
+pub(crate) fn i64_wrong(name: &str, shown: &str) -> ApiError {
+    wrong(name, &format!("a whole number from {} to {}", i64::MIN, i64::MAX), shown)
 }
 
 /// A JSON value whose objects name each field once. Parsed as a plain `Value`, a
@@ -168,10 +214,7 @@ impl Object {
             )));
         };
         if let Some(unknown) = map.keys().find(|name| !accepted.contains(&name.as_str())) {
-            return Err(ApiError::invalid(format!(
-                "unknown field {prefix}{unknown:?} in {what}; accepted fields are {}",
-                accepted.join(", ")
-            )));
+            return Err(unknown_field(&prefix, unknown, what, accepted));
         }
         Ok(Object { map, prefix })
     }
@@ -185,11 +228,7 @@ impl Object {
     }
 
     fn wrong(&self, field: &str, expected: &str, value: &Value) -> ApiError {
-        ApiError::invalid(format!(
-            "field {} must be {expected}, not {}",
-            self.name(field),
-            excerpt(value)
-        ))
+        wrong(&self.name(field), expected, &excerpt(value))
     }
 
     pub fn has(&self, field: &str) -> bool {
@@ -197,24 +236,11 @@ impl Object {
     }
 
     pub fn u64(&self, field: &str) -> Result<Option<u64>, ApiError> {
-        self.get(field)
-            .map(|value| {
-                value.as_u64().ok_or_else(|| {
-                    self.wrong(field, &format!("a whole number from 0 to {}", u64::MAX), value)
-                })
-            })
-            .transpose()
+        self.get(field).map(|value| u64_value(&self.name(field), value)).transpose()
     }
 
     pub fn i64(&self, field: &str) -> Result<Option<i64>, ApiError> {
-        self.get(field)
-            .map(|value| {
-                value.as_i64().ok_or_else(|| {
-                    let range = format!("a whole number from {} to {}", i64::MIN, i64::MAX);
-                    self.wrong(field, &range, value)
-                })
-            })
-            .transpose()
+        self.get(field).map(|value| i64_value(&self.name(field), value)).transpose()
     }
 
     pub fn bool(&self, field: &str) -> Result<Option<bool>, ApiError> {
@@ -252,7 +278,7 @@ fn kind(value: &Value) -> &'static str {
 }
 
 /// A value for an error message, cut short.
-fn excerpt(value: &Value) -> String {
+pub(crate) fn excerpt(value: &Value) -> String {
     let text = value.to_string();
     if text.chars().count() > 64 {
         format!("{}...", text.chars().take(64).collect::<String>())
@@ -429,56 +455,6 @@ pub fn stream_json(stream: &StreamRecord, tail: Option<Tail>) -> Value {
 
 // ---- Records ------------------------------------------------------------------------
 
-/// An Append's JSON body, encoded into the binary framing the engine takes.
-pub fn append_request(body: &[u8], encoding: Encoding) -> Result<AppendRequest, ApiError> {
-    let object = parse_body(body, &["records", "match_seq_num", "fencing_token"])?;
-    let records = object.required("records", object.array("records")?)?;
-    let match_seq_num = object.u64("match_seq_num")?;
-    let fencing_token = object.str("fencing_token")?;
-    if let Some(token) = fencing_token
-        && token.len() > FENCING_TOKEN_BYTES_MAX
-    {
-        return Err(ApiError::from_engine(&engine::Error::FencingTokenTooLong {
-            len: token.len(),
-            limit: FENCING_TOKEN_BYTES_MAX,
-        }));
-    }
-    let mut builder = AppendBuilder::new();
-    let mut offered = Offered::new();
-    for (index, record) in records.iter().enumerate() {
-        let prefix = format!("records[{index}].");
-        let what = format!("records[{index}]");
-        let record =
-            Object::from_value(record.clone(), prefix, &what, &["body", "headers", "timestamp"])?;
-        let text = record.required("body", record.str("body")?)?;
-        let body = encoding.decode(text, &|| format!("records[{index}].body"))?;
-        let mut headers = Vec::new();
-        for (h, pair) in
-            record.array("headers")?.map(Vec::as_slice).unwrap_or(&[]).iter().enumerate()
-        {
-            let field = || format!("records[{index}].headers[{h}]");
-            let [Value::String(name), Value::String(value)] =
-                pair.as_array().map(Vec::as_slice).unwrap_or(&[])
-            else {
-                return Err(ApiError::invalid(format!(
-                    "{} must be a [name, value] pair of strings, not {}",
-                    field(),
-                    excerpt(pair)
-                )));
-            };
-            let name = encoding.decode(name, &|| format!("{} name", field()))?;
-            let value = encoding.decode(value, &|| format!("{} value", field()))?;
-            headers.push((name, value));
-        }
-        builder
-            .push(&headers, &body)
-            .map_err(|error| ApiError::invalid(format!("records[{index}]: {error}")))?;
-        offered.push(record.i64("timestamp")?);
-    }
-    let conditions = AppendConditions { match_seq_num, fencing_token, timestamp: None };
-    Ok(AppendRequest { framed: builder.finish(&conditions).into(), offered: Some(offered) })
-}
-
 /// The records of a read page (binary framing) as JSON record objects.
 pub fn records_json(frames: &[u8], encoding: Encoding) -> Result<Vec<Value>, ApiError> {
     let mut out = Vec::new();
@@ -520,6 +496,7 @@ pub fn records_json(frames: &[u8], encoding: Encoding) -> Result<Vec<Value>, Api
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::append_json::append_request;
 
     #[test]
     fn unknown_fields_are_named() {

@@ -1235,6 +1235,27 @@ fn a_flood_of_failing_requests_writes_a_bounded_log() {
 }
 
 #[test]
+fn a_body_other_than_an_appends_is_refused_past_1_mib_naming_the_limit() {
+    let dir = tempdir();
+    let nova = Nova::start(dir.path());
+    let padded = |len: usize| {
+        let mut body = r#"{"create_stream_on_append":true}"#.to_owned();
+        body.push_str(&" ".repeat(len - body.len()));
+        body
+    };
+    let refused =
+        nova.err("POST", "/v1/buckets/ctl", Some(&padded((1 << 20) + 1)), 400, "invalid_argument");
+    let message = refused["message"].as_str().expect("a message");
+    let limit = "over the limit of 1048576 bytes (the limit of a body other than an append's)";
+    assert!(message.contains(limit), "{message}");
+    nova.err("GET", "/v1/buckets/ctl", None, 404, "not_found");
+    nova.ok("POST", "/v1/buckets/ctl", Some(&padded(1 << 20)), 201);
+    // An append's body is bounded by --http-body-bytes-max (160 MiB by default) alone.
+    let append = format!(r#"{{"records":[{{"body":"{}"}}]}}"#, "x".repeat(1 << 20));
+    nova.ok("POST", "/v1/streams/ctl/s/records", Some(&append), 200);
+}
+
+#[test]
 fn a_request_head_past_the_limit_is_refused_naming_it() {
     let dir = tempdir();
     let nova = Nova::start_with(&dir.path().join("data"), &["--http-head-bytes-max", "16KiB"], &[]);

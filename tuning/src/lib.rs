@@ -539,7 +539,7 @@ pub const HTTP_BODY_BYTES_MAX: Knob = Knob {
     default: 160 << 20,
     min: 1 << 20,
     max: 1 << 30,
-    help: "largest HTTP request body; a larger one is refused (invalid_argument) from its Content-Length, or as soon as the bytes read pass it, before it is held whole",
+    help: "largest HTTP append body (any other body: 1 MiB); a larger one is refused (invalid_argument) from its Content-Length, or as soon as the bytes read pass it, before it is held whole",
     reason: "the largest valid batch is 100 MiB of content; base64 in JSON adds a third, so 160 MiB takes every valid batch in either encoding",
 };
 
