@@ -634,8 +634,21 @@ async fn run_shard(
     });
 
     let permits = Rc::new(glommio::sync::Semaphore::new(config.handlers_max));
+    // Reads that may wait (long polls, subscription pages) have a pool of their own, as
+    // large, taken off the loop: idle followers, however many, never hold the permits
+    // that appends need, nor stop this loop taking them.
+    let waiting = Rc::new(glommio::sync::Semaphore::new(config.handlers_max));
     while let Ok(message) = inbox.recv_async().await {
         match message {
+            Message::Op { record, op: Op::Read(read), reply } if read.wait.is_some() => {
+                let (shard, waiting) = (Rc::clone(&shard), Rc::clone(&waiting));
+                glommio::spawn_local(async move {
+                    let Ok(permit) = waiting.acquire_static_permit(1).await else { return };
+                    let _ = reply.send(shard.handle(*record, Op::Read(read)).await);
+                    drop(permit);
+                })
+                .detach();
+            }
             Message::Op { record, op, reply } => {
                 let Ok(permit) = permits.acquire_static_permit(1).await else { break };
                 let shard = Rc::clone(&shard);
@@ -668,6 +681,7 @@ async fn run_shard(
     // Answer what is in hand (every handler gives its permit back when done), then let
     // the flusher finish and drop everything the shard holds, its metadata handle too.
     let _ = permits.acquire(config.handlers_max).await;
+    let _ = waiting.acquire(config.handlers_max).await;
     shard.stop();
     flusher.await;
     // Let express chunks on their way reach the object store, for a bounded time.

@@ -1234,6 +1234,40 @@ fn a_flood_of_failing_requests_writes_a_bounded_log() {
     assert!(suppressed > 0, "60 failures in {seconds} s fit 3 lines a second? {log}");
 }
 
+/// Long polls and subscription pages waiting for records have a pool of their own: more
+/// of them than the shard's handlers hold none of the permits an append needs.
+#[test]
+fn waiting_reads_past_the_handler_limit_do_not_hold_up_appends() {
+    let dir = tempdir();
+    let flags = ["--shards", "1", "--shard-handlers-max", "16"];
+    let nova = Nova::start_with(&dir.path().join("data"), &flags, &[]);
+    nova.ok("POST", "/v1/buckets/wrd", Some(r#"{"create_stream_on_append":true}"#), 201);
+    for stream in ["s", "t"] {
+        nova.ok("POST", &format!("/v1/streams/wrd/{stream}"), None, 201);
+    }
+    let polls = 20;
+    std::thread::scope(|scope| {
+        let waiting: Vec<_> = (0..polls)
+            .map(|_| {
+                let path = "/v1/streams/wrd/s/records?seq_num=0&wait=30";
+                scope.spawn(|| nova.ok("GET", path, None, 200))
+            })
+            .collect();
+        // As many as the pool holds are waiting; the other 4 wait for a permit.
+        while nova.metric("nova_shard_reads_waiting") < 16 {
+            std::thread::yield_now();
+        }
+        nova.ok("POST", "/v1/streams/wrd/t/records", Some(r#"{"records":[{"body":"t"}]}"#), 200);
+        // Answered while every poll still waits (with one handler pool, not before the
+        // polls' 30 s ran out).
+        assert_eq!(nova.metric("nova_shard_reads_waiting"), 16);
+        nova.ok("POST", "/v1/streams/wrd/s/records", Some(r#"{"records":[{"body":"s"}]}"#), 200);
+        for poll in waiting {
+            assert_eq!(bodies(&poll.join().expect("poll")), ["s"]);
+        }
+    });
+}
+
 #[test]
 fn a_body_other_than_an_appends_is_refused_past_1_mib_naming_the_limit() {
     let dir = tempdir();
