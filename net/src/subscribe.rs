@@ -113,11 +113,17 @@ pub async fn subscribe(
     let resume = match request.headers().get("last-event-id") {
         None => None,
         Some(value) => Some(
-            value.to_str().ok().and_then(|v| v.trim().parse::<u64>().ok()).ok_or_else(|| {
-                ApiError::invalid(format!(
-                    "header Last-Event-ID must be the last seq_num delivered, not {value:?}"
-                ))
-            })?,
+            value
+                .to_str()
+                .ok()
+                .map(str::trim)
+                .filter(|v| api::plain_integer(v, false))
+                .and_then(|v| v.parse::<u64>().ok())
+                .ok_or_else(|| {
+                    ApiError::invalid(format!(
+                        "header Last-Event-ID must be the last seq_num delivered, not {value:?}"
+                    ))
+                })?,
         ),
     };
     let start = match resume {

@@ -346,6 +346,17 @@ fn append_read_and_their_conditions(nova: &Nova) {
         "invalid_argument",
     );
     nova.err("GET", "/v1/streams/bb1/s/records?seq_num=-1", None, 400, "invalid_argument");
+    // Numbers are digits (a minus sign only for times): not "+5", " 5" or empty.
+    for query in ["count=%2B5", "count=%205", "count=", "seq_num=0x1", "timestamp=%2B5", "until=-"]
+    {
+        nova.err(
+            "GET",
+            &format!("/v1/streams/bb1/s/records?{query}"),
+            None,
+            400,
+            "invalid_argument",
+        );
+    }
     nova.err("GET", "/v1/streams/bb1/s/records?sequence=1", None, 400, "invalid_argument");
     // Appends: malformed, unknown fields, conditions.
     nova.err(
