@@ -44,7 +44,9 @@ use crate::control::{Clock, ControlPlane, StreamRecord};
 use crate::error::{Error, Result};
 use crate::framing::{self, AppendFrame, FramedBody};
 use crate::ids::StreamId;
-use crate::journal::{Appended, Journal, JournalBuffer, JournalRead, Location, RecoveredEntry};
+use crate::journal::{
+    Appended, Journal, JournalBuffer, JournalError, JournalRead, Location, RecoveredEntry,
+};
 use crate::latency::Latency;
 use crate::limits::{FENCING_TOKEN_BYTES_MAX, Limits};
 use crate::meta::RedbMetaStore;
@@ -1086,7 +1088,20 @@ impl Shard {
     async fn load(&self, slot: &Slot, first_seq_num: u64, location: Stored) -> Result<()> {
         self.count(|s| s.read_cache_misses += 1);
         let chunk: Rc<dyn ChunkSource> = match location {
-            Stored::Journal(location) => Rc::new(self.journal.read(&location).await?),
+            Stored::Journal(location) => match self.journal.read(&location).await {
+                Ok(read) => Rc::new(read),
+                // Released while the read was in flight: journal space is released only
+                // once its chunks have moved to the object store (or been trimmed), so
+                // the caller asks the leader again, which names where the chunk is now.
+                Err(Error::Journal(JournalError::NoEntry { .. }))
+                    if !slot.leader.borrow().location_of(first_seq_num).is_some_and(
+                        |now| matches!(now, Stored::Journal(at) if *at == location),
+                    ) =>
+                {
+                    return Ok(());
+                }
+                Err(error) => return Err(error),
+            },
             Stored::Object(object) => {
                 let range = object.offset..object.offset + object.length;
                 let bytes = self.uploader.read(Arc::clone(&object.key), range).await?;

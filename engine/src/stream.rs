@@ -647,6 +647,12 @@ impl<B: ChunkStorage, L: Clone> Leader<B, L> {
         }
     }
 
+    /// Where the durable chunk starting at `first_seq_num` is, while it is held.
+    pub fn location_of(&self, first_seq_num: u64) -> Option<&L> {
+        let index = self.chunks.partition_point(|c| c.first_seq_num < first_seq_num);
+        self.chunks.get(index).filter(|c| c.first_seq_num == first_seq_num).map(|c| &c.location)
+    }
+
     /// Drops the cached bytes of the chunk starting at `first_seq_num` (it stays
     /// readable from storage). Returns the stored bytes freed, if it was cached.
     pub fn evict(&mut self, first_seq_num: u64) -> Option<u64> {

@@ -439,6 +439,22 @@ fn evicted_chunks_are_loaded_back() {
 }
 
 #[test]
+fn a_moved_chunk_is_found_where_it_went() {
+    let mut h = Harness::new(StreamOptions::default());
+    for body in bodies(0..2) {
+        h.append(&[&body]);
+        h.flush();
+    }
+    let first = *h.leader.location_of(0).expect("held");
+    assert_eq!(h.leader.location_of(1), Some(&(first + 1)), "each chunk its own location");
+    assert_eq!(h.leader.location_of(2), None, "none past the tail");
+    assert!(h.leader.relocate(0, 1000, None), "cached");
+    assert_eq!(h.leader.location_of(0), Some(&1000));
+    h.leader.set_trim(1);
+    assert_eq!(h.leader.location_of(0), None, "trimmed away");
+}
+
+#[test]
 fn recovery_continues_exactly_where_the_chunks_end() {
     let mut h = Harness::new(StreamOptions::default());
     h.append(&[b"a", b"b"]);
