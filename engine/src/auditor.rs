@@ -16,7 +16,14 @@
 //!    are deleted, after the refs are read once more. A mark also blocks new refs to the
 //!    object (`ControlPlane::put_refs` checks it in the same transaction), so between
 //!    that last look and the delete no reader can be handed the object anew; a reader
-//!    that got it before (a ReadPlan, a fetch in flight) has the whole grace.
+//!    that got it before (a ReadPlan, a fetch in flight) has the whole grace. The mark
+//!    is lifted a further grace after the delete, not at once: a settle retried under
+//!    the same key (a settled object's key is its stream and first seq_num) may have
+//!    fetched the object just before it went, and its refs, refused while the mark
+//!    stands, must not land on a deleted object. Within that grace such a settle
+//!    writes the object anew and lands its refs once the mark is lifted; if the
+//!    auditor restarts meanwhile it deletes the object once more (it does not know it
+//!    did), which costs the settle one more rewrite.
 //!
 //! Survives restarts: marks are durable and every pass starts from the store's listing
 //! and the refs, so nothing is leaked and nothing is deleted before its grace. Its
@@ -93,7 +100,15 @@ impl Auditor {
             .build()
             .map_err(|e| Error::internal(format!("start the auditor's tokio runtime: {e}")))?;
         let (stop, stopped) = flume::bounded::<()>(1);
-        let mut work = Work { store, control, clock, config, stats, suspects: HashMap::new() };
+        let mut work = Work {
+            store,
+            control,
+            clock,
+            config,
+            stats,
+            suspects: HashMap::new(),
+            deleted: HashMap::new(),
+        };
         let thread = std::thread::Builder::new()
             .name("nova-auditor".into())
             .spawn(move || {
@@ -146,6 +161,9 @@ struct Work {
     stats: Arc<Mutex<AuditorStats>>,
     /// Objects seen unreferenced on the last pass (not yet marked), and when.
     suspects: HashMap<String, u64>,
+    /// Marked objects this auditor deleted, and when: their marks are lifted a grace
+    /// later.
+    deleted: HashMap<String, u64>,
 }
 
 impl Work {
@@ -237,7 +255,7 @@ impl Work {
     }
 
     /// Step 3: deletes marked objects whose grace has passed and that no ref names.
-    async fn sweep(&self) -> Result<()> {
+    async fn sweep(&mut self) -> Result<()> {
         let now = self.clock.now_ms();
         let grace = u64::try_from(self.config.read_grace.as_millis()).unwrap_or(u64::MAX);
         let mut due = Vec::new();
@@ -247,7 +265,8 @@ impl Work {
             let (marks, more) = self.control.dead_page(after.as_deref()).await?;
             after = marks.last().map(|(object, _)| object.clone());
             for (object, marked_at) in marks {
-                if now.saturating_sub(marked_at) >= grace {
+                let since = self.deleted.get(&object).copied().unwrap_or(marked_at);
+                if now.saturating_sub(since) >= grace {
                     due.push(object);
                 } else {
                     dead += 1;
@@ -262,21 +281,87 @@ impl Work {
             // New refs to a marked object are refused, so this look is the last word.
             let referenced = self.referenced().await?;
             for object in due {
-                if !referenced.contains(&object) {
+                if self.deleted.remove(&object).is_some() {
+                    // Deleted a grace ago: whatever fetched it before has let go.
+                    self.control.unmark_dead(&object).await?;
+                } else if referenced.contains(&object) {
+                    // Referenced since it was marked (before the mark was durable).
+                    self.control.unmark_dead(&object).await?;
+                } else {
                     self.store
                         .delete(&object)
                         .await
                         .map_err(|e| Error::unavailable(format!("delete {object} ({e})")))?;
                     lock(&self.stats).objects_deleted += 1;
+                    self.deleted.insert(object, now);
+                    dead += 1;
                 }
-                // Deleted, or referenced since it was marked (before the mark was
-                // durable): either way no longer dead.
-                self.control.unmark_dead(&object).await?;
             }
         }
         let mut stats = lock(&self.stats);
         stats.dead_objects = dead;
         stats.oldest_dead_age_ms = oldest.map_or(0, |o| now.saturating_sub(o));
         Ok(())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use std::sync::atomic::{AtomicU64, Ordering};
+
+    use s3::{LocalDirStore, PutCondition};
+
+    use super::*;
+    use crate::ids::StreamId;
+    use crate::meta::RedbMetaOptions;
+    use crate::names::BucketName;
+
+    /// A settled object left by a settle that crashed before its refs: marked, deleted a
+    /// grace later, and its mark lifted only a grace after that, so a settle that fetched
+    /// it just before the delete is still refused its refs.
+    #[test]
+    fn a_deleted_objects_mark_stands_a_grace_longer() {
+        let dir = tempfile::tempdir().expect("tempdir");
+        let store = LocalDirStore::open(dir.path().join("objects"), Default::default());
+        let store: Arc<dyn ObjectStore> = Arc::new(store.expect("the store"));
+        let meta = RedbMetaStore::open(dir.path().join("meta"), RedbMetaOptions::default());
+        let meta = meta.expect("the metadata");
+        let now = Arc::new(AtomicU64::new(0));
+        let clock = {
+            let now = Arc::clone(&now);
+            move || now.load(Ordering::SeqCst)
+        };
+        let config =
+            AuditorConfig { read_grace: Duration::from_secs(10), interval: Duration::from_secs(1) };
+        let mut work = Work {
+            store: Arc::clone(&store),
+            control: ControlPlane::new(meta.clone()),
+            clock: Arc::new(clock),
+            config,
+            stats: Arc::default(),
+            suspects: HashMap::new(),
+            deleted: HashMap::new(),
+        };
+        let runtime = tokio::runtime::Builder::new_current_thread().enable_all().build();
+        let runtime = runtime.expect("a runtime");
+        let bucket = BucketName::parse("apps").expect("a bucket name");
+        let key = SettledKey { bucket, stream_id: StreamId([7; 16]), first_seq_num: 0 }.to_string();
+        let put = store.put(&key, s3::Bytes::from_static(b"orphan"), PutCondition::CreateOnly);
+        runtime.block_on(put).expect("put");
+        let mut pass_at = |ms: u64| {
+            now.store(ms, Ordering::SeqCst);
+            runtime.block_on(work.pass()).expect("a pass");
+            let (marks, _) = runtime.block_on(work.control.dead_page(None)).expect("marks");
+            let present = runtime.block_on(store.head(&key)).expect("head").is_some();
+            (marks.iter().any(|(object, _)| *object == key), present)
+        };
+        assert_eq!(pass_at(0), (false, true), "first seen unreferenced");
+        assert_eq!(pass_at(1_000), (true, true), "marked an interval later");
+        assert_eq!(pass_at(10_999), (true, true), "kept through the grace");
+        assert_eq!(pass_at(11_000), (true, false), "deleted, still marked");
+        assert_eq!(pass_at(20_999), (true, false), "the mark stands a grace longer");
+        assert_eq!(pass_at(21_000), (false, false), "then it is lifted");
+        drop(work);
+        runtime.block_on(meta.close()).expect("close");
     }
 }

@@ -157,7 +157,11 @@ impl AppendSession {
         if batch.is_empty() {
             return Err(Error::Invalid("a batch needs at least one record".into()));
         }
-        if self.in_flight == 0 && !self.failed && self.connection.closed_by_server() {
+        if self.failed {
+            // Its connection failed (module docs): open a new session.
+            return Err(closed());
+        }
+        if self.in_flight == 0 && self.connection.closed_by_server() {
             // Nothing was in flight on it, so nothing is lost: go on on a new connection.
             self.connection = Connection::open(&self.server, self.in_flight_max, self.timeout)?;
         }
@@ -321,6 +325,9 @@ fn read_loop(stream: TcpStream, sent: &Receiver<(u64, Instant)>, acks: &Sender<S
                     let why = error.to_string();
                     let lost = lost(error.kind(), &why);
                     failure = Some((error.kind(), why));
+                    // Nothing more goes out on it (after a timeout the writer would go
+                    // on sending what is queued, batches then reported as lost).
+                    let _ = reader.get_ref().shutdown(Shutdown::Both);
                     Err(lost)
                 }
             },
