@@ -176,6 +176,9 @@ pub struct ShardConfig {
 /// Journal chunks found without a ref at start, uploaded per job.
 const RECOVERED_PER_JOB: usize = 64;
 
+/// Entries the cache's eviction order may hold before it is first compacted.
+const CACHE_ORDER_FLOOR: usize = 4096;
+
 /// An append as it crosses to the owning shard: the whole batch, in binary framing.
 #[derive(Clone, Debug)]
 pub struct AppendRequest {
@@ -359,6 +362,8 @@ pub struct ShardStats {
     /// of the shard's streams (0: none). Up to `settle-age-ms` is by design (a quiet
     /// stream's history waits that long); past it, settling is behind.
     pub settle_backlog_ms: u64,
+    /// Entries in the cache's eviction order (at most twice the cached chunks, plus 4096).
+    pub cache_entries: u64,
     /// The retention duty's backlog at its last pass: how long the most overdue record
     /// had been past its stream's age bound when the pass began (0: none; set before the
     /// pass trims). Up to `retention-interval-ms` is by design; past it, trims are
@@ -419,6 +424,8 @@ pub(crate) struct Shard {
     held: Cell<u64>,
     /// Cached durable chunks, oldest first: what `make_room` evicts next.
     cache_order: RefCell<VecDeque<CacheEntry>>,
+    /// `cache_order`'s length after its last compaction (`cache_push`).
+    cache_order_compacted: Cell<usize>,
     /// Stored bytes of every chunk put in `cache_order` so far: the settler's measure of
     /// how fast the cache turns over (`settle.rs`).
     cache_pushed_bytes: Cell<u64>,
@@ -466,6 +473,7 @@ impl Shard {
             work: Notify::new(),
             held: Cell::new(0),
             cache_order: RefCell::default(),
+            cache_order_compacted: Cell::new(0),
             cache_pushed_bytes: Cell::new(0),
             jobs: RefCell::default(),
             jobs_changed: Notify::new(),
@@ -793,8 +801,24 @@ impl Shard {
 
     /// Puts a chunk that just became cached at the end of the eviction order.
     fn cache_push(&self, id: StreamId, first_seq_num: u64, bytes: u64) {
-        self.cache_order.borrow_mut().push_back(CacheEntry { id, first_seq_num, bytes });
+        let mut order = self.cache_order.borrow_mut();
+        order.push_back(CacheEntry { id, first_seq_num, bytes });
         self.cache_pushed_bytes.set(self.cache_pushed_bytes.get() + bytes);
+        // Chunks that left the cache other than by eviction (trimmed, or their stream
+        // deleted) leave their entries behind, and a cache that never fills evicts
+        // nothing: when the order has doubled since it was last compacted, it drops
+        // those, so it holds at most twice the cached chunks (plus a floor), at a cost
+        // of O(1) a push.
+        if order.len() > 2 * self.cache_order_compacted.get() + CACHE_ORDER_FLOOR {
+            let streams = self.streams.borrow();
+            order.retain(|entry| {
+                streams
+                    .get(&entry.id)
+                    .is_some_and(|slot| slot.leader.borrow().is_cached(entry.first_seq_num))
+            });
+            self.cache_order_compacted.set(order.len());
+        }
+        self.count(|s| s.cache_entries = order.len() as u64);
     }
 
     fn release(&self, bytes: u64) {

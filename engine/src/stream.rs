@@ -647,6 +647,14 @@ impl<B: ChunkStorage, L: Clone> Leader<B, L> {
         }
     }
 
+    /// Whether the durable chunk starting at `first_seq_num` is held and cached.
+    pub fn is_cached(&self, first_seq_num: u64) -> bool {
+        let index = self.chunks.partition_point(|c| c.first_seq_num < first_seq_num);
+        self.chunks
+            .get(index)
+            .is_some_and(|c| c.first_seq_num == first_seq_num && c.cached.is_some())
+    }
+
     /// Where the durable chunk starting at `first_seq_num` is, while it is held.
     pub fn location_of(&self, first_seq_num: u64) -> Option<&L> {
         let index = self.chunks.partition_point(|c| c.first_seq_num < first_seq_num);

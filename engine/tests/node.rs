@@ -922,3 +922,47 @@ fn knobs_at_their_defaults_make_the_default_config_and_each_is_read_once() {
         .expect_err("refused");
     assert!(error.contains("settle-age-ms"), "{error}");
 }
+
+/// Chunks that leave the cache other than by eviction (here: their streams deleted,
+/// in a cache far from full, so nothing is evicted) do not pile up in its eviction
+/// order: it holds at most twice the cached chunks plus 4096.
+#[test]
+fn the_cache_order_stays_bounded_when_nothing_is_evicted() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let node = start(config(dir.path(), 1));
+    let client = node.client();
+    let bucket = make_bucket(&client, "churn", express(), true);
+    let (rounds, streams, appends) = (6, 64, 60);
+    for round in 0..rounds {
+        let producers: Vec<_> = (0..streams)
+            .map(|s| {
+                let (client, bucket) = (client.clone(), bucket.clone());
+                thread::spawn(move || {
+                    // One at a time: each lands in a journal group, a chunk, of its own.
+                    for _ in 0..appends {
+                        block_on(client.append(
+                            &bucket,
+                            &key(&format!("{round}-{s}")),
+                            plain(&["x"]),
+                        ))
+                        .expect("append");
+                    }
+                })
+            })
+            .collect();
+        for producer in producers {
+            producer.join().expect("producer");
+        }
+        for s in 0..streams {
+            block_on(client.delete_stream(&bucket, &key(&format!("{round}-{s}")))).expect("delete");
+        }
+    }
+    let stats = block_on(client.stats()).expect("stats");
+    let pushed = rounds * streams * appends;
+    let live = streams * appends;
+    assert!(stats[0].chunks >= pushed as u64, "{} chunks", stats[0].chunks);
+    let entries = stats[0].cache_entries;
+    assert!(entries <= (2 * live + 4096) as u64, "{entries} entries after {pushed} chunks");
+    drop(client);
+    node.stop();
+}

@@ -166,7 +166,7 @@ impl Metrics {
         );
         out.push_str("# TYPE nova_log_lines_dropped_total counter\n");
         let _ = writeln!(out, "nova_log_lines_dropped_total {}", crate::log::dropped());
-        let engine_counters: [(EngineCounter, &str); 18] = [
+        let engine_counters: [(EngineCounter, &str); 19] = [
             (
                 ("nova_shard_groups_total", "journal group commits written", ShardStats::groups),
                 "counter",
@@ -194,6 +194,12 @@ impl Metrics {
             ),
             (
                 ("nova_shard_reads_waiting", "long polls waiting for records", |s| s.reads_waiting),
+                "gauge",
+            ),
+            (
+                ("nova_shard_cache_entries", "entries in the read cache's eviction order", |s| {
+                    s.cache_entries
+                }),
                 "gauge",
             ),
             (
