@@ -72,6 +72,16 @@ pub enum ShardBuf {
     Upload(AlignedBuf),
 }
 
+impl ShardBuf {
+    /// The path a chunk in this buffer takes to durability (`Leader::take_sealed`).
+    fn path(&self) -> u8 {
+        match self {
+            ShardBuf::Journal(_) => 0,
+            ShardBuf::Upload(_) => 1,
+        }
+    }
+}
+
 impl ChunkStorage for ShardBuf {
     fn storage(&self) -> &[u8] {
         match self {
@@ -588,14 +598,20 @@ impl Shard {
                 self.fence(&slot, token, expected).await.map(Reply::Tail)
             }
             Op::Trim(to) => self.trim(&slot, to).await,
-            Op::Reconfigure(patch) => {
-                let updated =
-                    self.control.reconfigure_stream(&record.bucket, &record.key, &patch).await?;
-                slot.leader.borrow_mut().set_options(updated.options, self.now_ms());
-                Ok(Reply::Reconfigured(Box::new(updated)))
-            }
+            Op::Reconfigure(patch) => self.apply_options(&slot, &record, &patch).await,
             Op::Delete => self.delete(&slot, &record).await,
         }
+    }
+
+    async fn apply_options(
+        &self,
+        slot: &Slot,
+        record: &StreamRecord,
+        patch: &StreamOptionsPatch,
+    ) -> Result<Reply> {
+        let updated = self.control.reconfigure_stream(&record.bucket, &record.key, patch).await?;
+        slot.leader.borrow_mut().set_options(updated.options, self.now_ms());
+        Ok(Reply::Reconfigured(Box::new(updated)))
     }
 
     /// The stream's slot, making its leader on first use from the stream's current
@@ -975,10 +991,27 @@ impl Shard {
             }
             slot.due.set(false);
             slot.queued.set(false);
-            group.extend(slot.leader.borrow_mut().take_sealed().into_iter().map(|c| (id, c)));
+            let mut leader = slot.leader.borrow_mut();
+            group.extend(leader.take_sealed(ShardBuf::path).into_iter().map(|c| (id, c)));
+            if leader.has_sealed() {
+                // Held back until the chunks in flight on the other path are durable
+                // (`on_durable`, `apply_standard` notify then).
+                slot.due.set(true);
+                slot.queued.set(true);
+                waiting.push_back(id);
+            }
         }
         self.queue.borrow_mut().extend(waiting);
         group
+    }
+
+    /// Wakes the flusher for a stream whose chunks on one path waited for those in
+    /// flight on the other (`Leader::take_sealed`), once those are durable.
+    fn resume_held_back(&self, slot: &Slot) {
+        let leader = slot.leader.borrow();
+        if leader.has_sealed() && !leader.has_in_flight() {
+            self.work.notify();
+        }
     }
 
     /// An express chunk is durable in the journal: visible, acknowledged, cached.
@@ -994,6 +1027,7 @@ impl Shard {
             Stored::Journal(location),
             Some(source),
         ));
+        self.resume_held_back(&slot);
         slot.changed.notify();
     }
 

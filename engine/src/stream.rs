@@ -209,6 +209,8 @@ pub struct Leader<B: ChunkStorage, L> {
     sealed: Vec<SealedChunk<B>>,
     /// End sequence numbers of chunks handed out and not yet durable, in order.
     in_flight: VecDeque<u64>,
+    /// The path of the chunks in flight ([`Leader::take_sealed`]).
+    in_flight_path: u8,
     /// Durable chunks at or above the trim watermark, contiguous, in order.
     chunks: VecDeque<DurableChunk<L>>,
     throughput: TokenBucket,
@@ -249,6 +251,7 @@ impl<B: ChunkStorage, L: Clone> Leader<B, L> {
             open: None,
             sealed: Vec::new(),
             in_flight: VecDeque::new(),
+            in_flight_path: 0,
             chunks,
             deleted: false,
         };
@@ -407,20 +410,45 @@ impl<B: ChunkStorage, L: Clone> Leader<B, L> {
             || (records_max != 0 && self.open_records() >= records_max)
     }
 
-    /// Seals the open chunk and hands out every sealed chunk, in order, to be made
-    /// durable. Each must come back through [`Leader::on_durable`] in this order.
-    pub fn take_sealed(&mut self) -> Vec<SealedChunk<B>> {
+    /// Seals the open chunk and hands out sealed chunks, in order, to be made durable.
+    /// Each must come back through [`Leader::on_durable`] in this order.
+    ///
+    /// `path` names the way a chunk in its buffer becomes durable (the journal, a
+    /// bundle). Two paths do not keep each other's order, so chunks go out on one path
+    /// at a time: the first on another path than the chunks in flight, and every one
+    /// after it, stay sealed until those are durable ([`Leader::has_sealed`]). A stream's
+    /// chunks change path when its class changes.
+    pub fn take_sealed(&mut self, path: impl Fn(&B) -> u8) -> Vec<SealedChunk<B>> {
         if let Some(open) = self.open.take()
             && !open.is_empty()
         {
             self.sealed.push(open.seal());
         }
-        let sealed = std::mem::take(&mut self.sealed);
+        let mut going = (!self.in_flight.is_empty()).then_some(self.in_flight_path);
+        let taken = self
+            .sealed
+            .iter()
+            .take_while(|chunk| {
+                let chunk_path = path(chunk.storage());
+                let same = going.is_none_or(|on| on == chunk_path);
+                going = Some(chunk_path);
+                same
+            })
+            .count();
+        let sealed: Vec<_> = self.sealed.drain(..taken).collect();
+        if let Some(chunk) = sealed.first() {
+            self.in_flight_path = path(chunk.storage());
+        }
         for chunk in &sealed {
             self.in_flight
                 .push_back(chunk.header().first_seq_num + u64::from(chunk.header().record_count));
         }
         sealed
+    }
+
+    /// Whether sealed chunks wait to be handed out ([`Leader::take_sealed`]).
+    pub fn has_sealed(&self) -> bool {
+        !self.sealed.is_empty()
     }
 
     /// A handed-out chunk is durable: it becomes visible and the tail moves.
@@ -645,6 +673,11 @@ impl<B: ChunkStorage, L: Clone> Leader<B, L> {
             }
             (cached, _) => cached.is_some(),
         }
+    }
+
+    /// Whether chunks handed out for durability are not durable yet.
+    pub fn has_in_flight(&self) -> bool {
+        !self.in_flight.is_empty()
     }
 
     /// Whether the durable chunk starting at `first_seq_num` is held and cached.

@@ -252,6 +252,7 @@ impl Shard {
             debug_assert!(bytes.is_some(), "standard chunks come back in their buffers");
             let stored = Stored::Object(Rc::new(ObjectSlot::from(&placement)));
             slot.leader.borrow_mut().on_durable(DurableChunk::new(&header, stored, bytes));
+            self.resume_held_back(&slot);
             self.cache_push(placement.stream_id, header.first_seq_num, header.data_len.into());
             slot.changed.notify();
             self.count(|s| s.chunks += 1);

@@ -101,7 +101,7 @@ impl Harness {
 
     /// Makes everything sequenced durable, in order, as the shard would.
     fn flush(&mut self) {
-        for chunk in self.leader.take_sealed() {
+        for chunk in self.leader.take_sealed(|_| 0) {
             let header = *chunk.header();
             let source: Rc<dyn ChunkSource> = Rc::new(chunk);
             self.stored.insert(header.first_seq_num, Rc::clone(&source));
@@ -304,7 +304,7 @@ fn batches_larger_than_a_chunk_start_new_chunks_and_stay_in_order() {
     for _ in 0..5 {
         h.append(&[&big, b"s"]);
     }
-    let sealed = h.leader.take_sealed();
+    let sealed = h.leader.take_sealed(|_| 0);
     assert!(sealed.len() >= 3, "a 4 KiB target holds one big batch per chunk");
     let mut expected = 0;
     for chunk in sealed {
@@ -319,13 +319,45 @@ fn batches_larger_than_a_chunk_start_new_chunks_and_stay_in_order() {
     assert_eq!(h.page(0, ALL).0.len(), 10);
 }
 
+/// A stream whose class changed has chunks on two paths to durability (the journal, a
+/// bundle) that do not keep each other's order: one on the new path waits, sealed,
+/// until those in flight on the old are durable.
+#[test]
+fn chunks_go_out_on_one_path_at_a_time() {
+    let mut h = Harness::new(StreamOptions::default());
+    let make_durable = |h: &mut Harness, chunk: SealedChunk<AlignedBuf>| {
+        let header = *chunk.header();
+        h.leader.on_durable(DurableChunk::new(&header, header.first_seq_num, None));
+    };
+    h.append(&[b"old"]);
+    let old = h.leader.take_sealed(|_| 1);
+    assert_eq!(old.len(), 1);
+    h.append(&[b"new"]);
+    assert!(h.leader.take_sealed(|_| 0).is_empty(), "held back while the old path has one");
+    assert!(h.leader.has_sealed() && h.leader.has_in_flight());
+    h.append(&[b"more"]);
+    assert!(h.leader.take_sealed(|_| 0).is_empty());
+    old.into_iter().for_each(|chunk| make_durable(&mut h, chunk));
+    let new = h.leader.take_sealed(|_| 0);
+    let firsts: Vec<u64> = new.iter().map(|c| c.header().first_seq_num).collect();
+    assert_eq!(firsts, [1, 2], "in order, once the old path is done");
+    assert!(!h.leader.has_sealed());
+    new.into_iter().for_each(|chunk| make_durable(&mut h, chunk));
+    assert_eq!(h.leader.tail().seq_num, 3);
+    // On one path, any number go out at once.
+    h.append(&[b"a"]);
+    assert_eq!(h.leader.take_sealed(|_| 0).len(), 1);
+    h.append(&[b"b"]);
+    assert_eq!(h.leader.take_sealed(|_| 0).len(), 1);
+}
+
 #[test]
 #[should_panic(expected = "sequence order")]
 fn durability_out_of_order_is_a_bug() {
     let mut h = Harness::new(StreamOptions::default());
     h.append(&[&[1u8; 3000]]);
     h.append(&[&[2u8; 3000]]);
-    let mut sealed = h.leader.take_sealed();
+    let mut sealed = h.leader.take_sealed(|_| 0);
     let second = sealed.pop().expect("two chunks");
     let header = *second.header();
     h.leader.on_durable(DurableChunk::new(&header, 1, None));
