@@ -312,3 +312,24 @@ suite!(
     append_session_pipelines_in_order,
     subscriptions_follow_in_both_framings,
 );
+
+/// A session whose connection failed is closed (module docs): it refuses the next batch,
+/// so its caller opens a new one, instead of taking batches it can only fail.
+#[test]
+fn a_session_whose_connection_failed_refuses_more_batches() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let nova = Nova::start(dir.path());
+    nova.ok("POST", "/v1/buckets/dead", Some(r#"{"create_stream_on_append":true}"#), 201);
+    let client = Client::new(&nova.url).expect("url");
+    let mut session = client.append_session(&Address::new("dead", "s"), 4).expect("session");
+    session.submit(&batch(&["a"]), &Conditions::default()).expect("submit");
+    assert!(session.recv().expect("ack").result.is_ok());
+    assert!(!nova.kill().success());
+    // The batch that meets the dead connection is answered with the failure...
+    if session.submit(&batch(&["b"]), &Conditions::default()).is_ok() {
+        assert!(session.recv().expect("an answer").result.is_err());
+    }
+    // ...and the session takes no more.
+    let refused = session.submit(&batch(&["c"]), &Conditions::default());
+    assert!(matches!(refused, Err(Error::Io { .. })), "{refused:?}");
+}
