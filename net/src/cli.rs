@@ -1123,13 +1123,20 @@ pub fn time_ms(text: &str) -> Result<u64, String> {
     u64::try_from(ms).map_err(|_| format!("--from-time {text:?} is before 1970"))
 }
 
+/// Where printing records stopped: stdout closed by its reader (`nova read -f | head`),
+/// which ends a read as a success; any other failure to write is one.
+enum Printed {
+    All,
+    ReaderGone,
+}
+
 /// A record for people (its body, as is) or as JSON (`--json`: text when UTF-8, else
 /// `body_base64`; nova never alters a byte).
-fn print_records(session: &Session, records: &[Record]) {
+fn print_records(session: &Session, records: &[Record]) -> Result<Printed, Failure> {
     use base64::Engine as _;
     let mut out = std::io::stdout().lock();
-    for record in records {
-        let _ = if session.json {
+    let mut print = |record: &Record| {
+        if session.json {
             let text = |bytes: &[u8]| std::str::from_utf8(bytes).ok().map(str::to_owned);
             let mut value = json!({"seq_num": record.seq_num, "timestamp": record.timestamp});
             match text(&record.body) {
@@ -1148,9 +1155,16 @@ fn print_records(session: &Session, records: &[Record]) {
             writeln!(out, "{value}")
         } else {
             out.write_all(&record.body).and_then(|()| out.write_all(b"\n"))
-        };
+        }
+    };
+    let written = records.iter().try_for_each(&mut print).and_then(|()| out.flush());
+    match written {
+        Ok(()) => Ok(Printed::All),
+        Err(error) if error.kind() == std::io::ErrorKind::BrokenPipe => Ok(Printed::ReaderGone),
+        Err(error) => {
+            Err(Failure::Failed(format!("writing the records to stdout failed: {error}")))
+        }
     }
-    let _ = out.flush();
 }
 
 fn read(session: &Session, address: &Address, args: &Args) -> Outcome {
@@ -1177,8 +1191,10 @@ fn read(session: &Session, address: &Address, args: &Args) -> Outcome {
     if args.has("follow") {
         let subscription = session.client.subscribe(address, &options, false).map_err(failed)?;
         for event in subscription {
-            if let SubscriptionEvent::Records { records, .. } = event.map_err(failed)? {
-                print_records(session, &records);
+            if let SubscriptionEvent::Records { records, .. } = event.map_err(failed)?
+                && let Printed::ReaderGone = print_records(session, &records)?
+            {
+                return Ok(());
             }
         }
         return Ok(());
@@ -1187,7 +1203,9 @@ fn read(session: &Session, address: &Address, args: &Args) -> Outcome {
     let mut delivered = 0u64;
     loop {
         let page = session.client.read(address, &options).map_err(failed)?;
-        print_records(session, &page.records);
+        if let Printed::ReaderGone = print_records(session, &page.records)? {
+            return Ok(());
+        }
         delivered += page.records.len() as u64;
         let done = page.next_seq_num >= page.tail.seq_num
             || count.is_some_and(|c| delivered >= c)

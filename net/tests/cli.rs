@@ -435,3 +435,37 @@ fn a_server_that_never_answers_fails_the_call_after_the_timeout() {
     assert_eq!(out.status.code(), Some(2), "{stderr}");
     assert!(stderr.contains("--timeout") && stderr.contains("needs a unit"), "{stderr}");
 }
+
+/// `read` stops when its output goes: a follow whose reader closed the pipe ends (as
+/// `nova read -f ... | head -1` should), and a write that fails otherwise is a failure.
+#[test]
+fn read_ends_with_its_output() {
+    use std::io::BufRead as _;
+    let dir = tempfile::tempdir().expect("tempdir");
+    let nova = Nova::start(dir.path());
+    ok(&nova, &["bucket", "create", "outp", "--create-on-append"], None);
+    ok(&nova, &["append", "nova://outp/s"], Some("first\n"));
+    let mut follow = Command::new(env!("CARGO_BIN_EXE_nova"))
+        .args(["--server", &nova.url, "read", "nova://outp/s", "--follow"])
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .expect("run nova");
+    let mut lines = std::io::BufReader::new(follow.stdout.take().expect("stdout")).lines();
+    assert_eq!(lines.next().expect("a line").expect("read"), "first");
+    drop(lines);
+    // The next record meets the closed pipe.
+    ok(&nova, &["append", "nova://outp/s"], Some("second\n"));
+    let status = follow.wait().expect("the follow ends");
+    assert!(status.success(), "{status}");
+    // A full disk is a failure that says so.
+    let full = std::fs::File::create("/dev/full").expect("/dev/full");
+    let out = Command::new(env!("CARGO_BIN_EXE_nova"))
+        .args(["--server", &nova.url, "read", "nova://outp/s"])
+        .stdout(full)
+        .output()
+        .expect("run nova");
+    assert_eq!(out.status.code(), Some(1));
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(stderr.contains("writing the records to stdout failed"), "{stderr}");
+}
