@@ -3,6 +3,7 @@
 //! Addresses are `nova://bucket/key`; output is for people, or the server's JSON with
 //! `--json`; a failure exits non-zero with the server's message.
 
+use std::collections::VecDeque;
 use std::io::{BufRead, Write};
 use std::time::Duration;
 
@@ -882,8 +883,11 @@ const APPEND_BATCH_DEFAULT: u64 = 1000;
 /// The largest `--batch` (limits.md: a batch holds at most this many records).
 const APPEND_BATCH_MAX: u64 = engine::limits::BATCH_RECORDS_MAX as u64;
 
-/// `nova append`: stdin lines become records, `--batch` per batch, pipelined on one
-/// append session; a progress line on stderr when it is a terminal.
+/// `nova append`: stdin lines become records, `--batch` per batch (cut sooner to stay
+/// within the 100 MiB batch limit), pipelined on one append session; a progress line on
+/// stderr when it is a terminal. A refused batch ends it: nothing more is sent, and the
+/// failure names the lines appended before the refused batch and those pipelined behind
+/// it that landed anyway, so a resend takes exactly what did not land.
 fn append(session: &Session, address: &Address, args: &Args) -> Outcome {
     let batch_records = args.number("batch")?.unwrap_or(APPEND_BATCH_DEFAULT);
     if !(1..=APPEND_BATCH_MAX).contains(&batch_records) {
@@ -913,58 +917,146 @@ fn append(session: &Session, address: &Address, args: &Args) -> Outcome {
     let mut input = stdin.lock();
     let mut line = Vec::new();
     let mut batch = Batch::new();
-    let mut last = None;
-    let mut appended = 0u64;
-    let mut take = |ack: client::SessionAck, progress: &mut Progress| -> Outcome {
-        let ack = ack.result.map_err(failed)?;
-        appended += ack.end.seq_num - ack.start.seq_num;
-        progress.acked(appended);
-        if session.json {
-            println!(
-                "{}",
-                json!({"start": position(ack.start), "end": position(ack.end), "tail": position(ack.tail)})
-            );
+    let mut lines_read = 0u64;
+    // The input lines of each batch in flight, in order: its first line and how many.
+    let mut sent: VecDeque<(u64, u64)> = VecDeque::new();
+    let mut answers = Answers::default();
+    let take = |ack: client::SessionAck,
+                sent: &mut VecDeque<(u64, u64)>,
+                progress: &mut Progress,
+                answers: &mut Answers| {
+        let (first_line, lines) = sent.pop_front().expect("a batch per answer");
+        if let Some(ack) = answers.take(ack.result, first_line, lines) {
+            progress.acked(answers.appended);
+            if session.json {
+                println!(
+                    "{}",
+                    json!({"start": position(ack.start), "end": position(ack.end), "tail": position(ack.tail)})
+                );
+            }
         }
-        last = Some(ack);
-        Ok(())
+    };
+    // Sends the batch; its lines end at `last_line`.
+    let mut send = |batch: &mut Batch, sent: &mut VecDeque<(u64, u64)>, last_line: u64| {
+        let conditions = Conditions { match_seq_num, fencing_token: fencing_token.clone() };
+        appender.submit(batch, &conditions).map_err(failed)?;
+        let lines = batch.len() as u64;
+        sent.push_back((last_line + 1 - lines, lines));
+        // A conditional append continues where the previous batch ends.
+        match_seq_num = match_seq_num.map(|n| n + lines);
+        batch.clear();
+        Ok::<_, Failure>(std::iter::from_fn(|| appender.try_recv()).collect::<Vec<_>>())
     };
     loop {
         line.clear();
         let read = input
             .read_until(b'\n', &mut line)
             .map_err(|e| Failure::Failed(format!("reading stdin: {e}")))?;
+        let mut answered = Vec::new();
         if read > 0 {
             progress.read(read as u64);
             let body = line.strip_suffix(b"\n").unwrap_or(&line);
             let body = body.strip_suffix(b"\r").unwrap_or(body);
-            batch.push(&headers, body).map_err(|e| usage_error(e.to_string()))?;
-        }
-        let full = batch.len() as u64 == batch_records;
-        if (full || read == 0) && !batch.is_empty() {
-            let conditions = Conditions { match_seq_num, fencing_token: fencing_token.clone() };
-            appender.submit(&batch, &conditions).map_err(failed)?;
-            // A conditional append continues where the previous batch ends.
-            match_seq_num = match_seq_num.map(|n| n + batch.len() as u64);
-            batch.clear();
-            while let Some(ack) = appender.try_recv() {
-                take(ack, &mut progress)?;
+            // Cut before the batch would pass the batch limit of 100 MiB (counted in
+            // stored bytes, a little more than content), whatever --batch says.
+            let room = engine::limits::BATCH_BYTES_MAX as usize;
+            if !batch.is_empty() && batch.stored_bytes() + body.len() + 16 > room {
+                answered.extend(send(&mut batch, &mut sent, lines_read)?);
             }
+            lines_read += 1;
+            batch
+                .push(&headers, body)
+                .map_err(|e| usage_error(format!("line {lines_read}: {e}")))?;
         }
-        if read == 0 {
+        if (batch.len() as u64 == batch_records || read == 0) && !batch.is_empty() {
+            answered.extend(send(&mut batch, &mut sent, lines_read)?);
+        }
+        for ack in answered {
+            take(ack, &mut sent, &mut progress, &mut answers);
+        }
+        // Nothing more is sent after a refusal (what is in flight is still answered).
+        if read == 0 || answers.refused.is_some() {
             break;
         }
     }
     for ack in appender.finish() {
-        take(ack, &mut progress)?;
+        take(ack, &mut sent, &mut progress, &mut answers);
     }
     progress.done();
-    // The server refuses an empty batch; an empty input sent none, which is no success.
-    let last = last
-        .ok_or_else(|| Failure::Failed("nothing to append: the input had no records".to_owned()))?;
-    if !session.json {
-        println!("appended {}; {}", counted(appended, "record"), tail_text(&position(last.tail)));
+    answers.outcome(session.json)
+}
+
+/// What the server answered an `append`'s batches, in order.
+#[derive(Default)]
+struct Answers {
+    /// Records appended before any refusal.
+    appended: u64,
+    last: Option<client::Ack>,
+    /// The first batch refused: its first input line, its lines, the error.
+    refused: Option<(u64, u64, String)>,
+    /// What became of each batch sent after it.
+    after: Vec<String>,
+    /// The last input line of the batches answered.
+    last_line: u64,
+}
+
+impl Answers {
+    /// Notes one batch's answer; its acknowledgement when it counts as appended.
+    fn take(
+        &mut self,
+        result: client::Result<client::Ack>,
+        first_line: u64,
+        lines: u64,
+    ) -> Option<client::Ack> {
+        let last_line = first_line + lines - 1;
+        self.last_line = self.last_line.max(last_line);
+        match (result, &self.refused) {
+            (Ok(ack), None) => {
+                self.appended += ack.end.seq_num - ack.start.seq_num;
+                self.last = Some(ack);
+                return Some(ack);
+            }
+            (Ok(ack), Some(_)) => self.after.push(format!(
+                "lines {first_line}-{last_line} were appended after them, at seq_num {}..{}",
+                ack.start.seq_num, ack.end.seq_num
+            )),
+            (Err(error), None) => self.refused = Some((first_line, lines, error.to_string())),
+            (Err(error), Some(_)) => {
+                self.after.push(format!("lines {first_line}-{last_line} failed too: {error}"));
+            }
+        }
+        None
     }
-    Ok(())
+
+    fn outcome(self, json: bool) -> Outcome {
+        if let Some((first_line, lines, error)) = self.refused {
+            // Batches pipelined behind the refused one may have landed: say which, so
+            // that a resend takes exactly what did not.
+            let mut message = format!(
+                "lines {first_line}-{} were not appended: {error}; the {} before them were",
+                first_line + lines - 1,
+                counted(self.appended, "record")
+            );
+            for after in &self.after {
+                message.push_str("; ");
+                message.push_str(after);
+            }
+            message.push_str(&format!("; nothing after line {} was sent", self.last_line));
+            return Err(Failure::Failed(message));
+        }
+        // The server refuses an empty batch; an empty input sent none, which is no success.
+        let last = self.last.ok_or_else(|| {
+            Failure::Failed("nothing to append: the input had no records".to_owned())
+        })?;
+        if !json {
+            println!(
+                "appended {}; {}",
+                counted(self.appended, "record"),
+                tail_text(&position(last.tail))
+            );
+        }
+        Ok(())
+    }
 }
 
 /// `count` `noun`s, in the singular for 1.

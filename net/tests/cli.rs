@@ -469,3 +469,33 @@ fn read_ends_with_its_output() {
     let stderr = String::from_utf8_lossy(&out.stderr);
     assert!(stderr.contains("writing the records to stdout failed"), "{stderr}");
 }
+
+/// A refused batch ends `append`, and the failure says exactly which input lines were
+/// appended: those before it, and any pipelined after it that landed anyway.
+#[test]
+fn a_refused_batch_says_which_lines_were_appended() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let nova = Nova::start(dir.path());
+    ok(&nova, &["bucket", "create", "refu", "--create-on-append"], None);
+    let big = "x".repeat((1 << 20) + 1);
+    let input = format!("a\nb\n{big}\nd\ne\nf\n");
+    let out = nova_cli(&nova, &["append", "nova://refu/s", "--batch", "1"], Some(&input));
+    assert_eq!(out.status.code(), Some(1));
+    let stderr = String::from_utf8_lossy(&out.stderr).into_owned();
+    assert!(stderr.contains("lines 3-3 were not appended: "), "{stderr}");
+    assert!(stderr.contains("over the record limit"), "{stderr}");
+    assert!(stderr.contains("the 2 records before them were"), "{stderr}");
+    // Exactly what it says landed is in the stream.
+    let mut said = vec!["a".to_owned(), "b".to_owned()];
+    let lines = ["a", "b", "", "d", "e", "f"];
+    for part in stderr.split("; ") {
+        if let Some(rest) = part.strip_prefix("lines ")
+            && part.contains("were appended after them")
+        {
+            let line: usize = rest.split('-').next().and_then(|n| n.parse().ok()).expect("a line");
+            said.push(lines[line - 1].to_owned());
+        }
+    }
+    let read = ok(&nova, &["read", "nova://refu/s"], None);
+    assert_eq!(read.lines().collect::<Vec<_>>(), said, "{stderr}");
+}
