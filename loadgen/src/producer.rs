@@ -162,7 +162,7 @@ pub fn run(shared: &Shared, client: &Client, specs: Vec<StreamSpec>, seed: u64) 
                 }
             }
             StreamState {
-                ledger: Ledger::new(spec.base_seq),
+                ledger: Ledger::default(),
                 spec,
                 lanes,
                 next_lane: 0,

@@ -72,7 +72,7 @@ pub fn to_json(o: &Outcome) -> Value {
                 json!({
                     "stream": address, "clean": v.clean(), "records_read": v.records_read,
                     "ok": v.ok, "lost": v.lost, "duplicates": v.duplicates,
-                    "reordered": v.reordered, "foreign": v.foreign,
+                    "reordered": v.reordered, "foreign": v.foreign, "corrupt": v.corrupt,
                     "unacknowledged_present": v.unacknowledged_present,
                     "chain_matches": v.chain_matches, "examples": v.examples,
                 })
@@ -182,11 +182,12 @@ pub fn summary(o: &Outcome) -> String {
                 if !v.clean() {
                     let _ = writeln!(
                         s,
-                        "VERIFY FAILED {address}: {} lost, {} duplicated, {} reordered, {} foreign, chain {}",
+                        "VERIFY FAILED {address}: {} lost, {} duplicated, {} reordered, {} foreign, {} corrupt, chain {}",
                         v.lost,
                         v.duplicates,
                         v.reordered,
                         v.foreign,
+                        v.corrupt,
                         if v.chain_matches { "matches" } else { "differs" }
                     );
                     for e in &v.examples {

@@ -24,42 +24,33 @@ pub struct Ledger {
     /// Records sent: indices `0..sent`.
     pub sent: u64,
     acked: Vec<Acked>,
-    /// Acknowledged batches not yet linked into the chain (digests by record), by seq_num.
-    waiting: BTreeMap<u64, Vec<u64>>,
-    chain: u64,
-    chain_next_seq: u64,
+    /// Each acknowledged batch's records' digests, by the batch's seq_num: the chain is
+    /// computed over them at the end, and each record read back is checked against its
+    /// own (so a body that differs is named even when the chain cannot be compared).
+    digests: BTreeMap<u64, Vec<u64>>,
 }
 
-impl Ledger {
-    pub fn new(base_seq: u64) -> Self {
-        Self { chain_next_seq: base_seq, ..Self::default() }
-    }
+/// The end of a ledger: the chain over every acknowledged record in seq_num order
+/// (across any gap a failed append left), the acknowledged batches sorted by seq_num,
+/// and their records' digests by batch seq_num.
+type Finished = (u64, Vec<Acked>, BTreeMap<u64, Vec<u64>>);
 
+impl Ledger {
     /// An acknowledged batch, with its records' digests (empty when not verifying).
     pub fn acked(&mut self, seq_num: u64, index: u64, digests: Vec<u64>) {
         self.acked.push(Acked { seq_num, index, count: digests.len() as u64 });
-        self.waiting.insert(seq_num, digests);
-        // Link what is contiguous (several connections may acknowledge out of order).
-        while let Some(digests) = self.waiting.remove(&self.chain_next_seq) {
-            self.link(self.chain_next_seq, &digests);
-        }
+        self.digests.insert(seq_num, digests);
     }
 
-    fn link(&mut self, seq_num: u64, digests: &[u64]) {
-        for (i, d) in digests.iter().enumerate() {
-            self.chain = payload::chain(self.chain, seq_num + i as u64, *d);
-        }
-        self.chain_next_seq = seq_num + digests.len() as u64;
-    }
-
-    /// The chain over every acknowledged record in seq_num order (across any gap a failed
-    /// append left), and the acknowledged batches sorted by seq_num.
-    pub fn finish(mut self) -> (u64, Vec<Acked>) {
-        for (seq_num, digests) in std::mem::take(&mut self.waiting) {
-            self.link(seq_num, &digests);
+    pub fn finish(mut self) -> Finished {
+        let mut chain = 0;
+        for (seq_num, digests) in &self.digests {
+            for (i, d) in digests.iter().enumerate() {
+                chain = payload::chain(chain, seq_num + i as u64, *d);
+            }
         }
         self.acked.sort_by_key(|a| a.seq_num);
-        (self.chain, self.acked)
+        (chain, self.acked, self.digests)
     }
 }
 
@@ -72,6 +63,8 @@ pub struct Verdict {
     pub duplicates: u64,
     pub reordered: u64,
     pub foreign: u64,
+    /// Records at their acknowledged place whose bytes differ from what was sent.
+    pub corrupt: u64,
     /// Records of failed appends that landed after all (not an error by itself).
     pub unacknowledged_present: u64,
     pub chain_matches: bool,
@@ -85,6 +78,7 @@ impl Verdict {
             && self.duplicates == 0
             && self.reordered == 0
             && self.foreign == 0
+            && self.corrupt == 0
             && (self.chain_matches || self.unacknowledged_present > 0)
     }
 }
@@ -100,6 +94,7 @@ pub struct Checker {
     at: usize,
     seen: Vec<u64>,
     expected_chain: u64,
+    digests: BTreeMap<u64, Vec<u64>>,
     chain: u64,
     verdict: Verdict,
 }
@@ -107,7 +102,7 @@ pub struct Checker {
 impl Checker {
     pub fn new(stream: u32, ledger: Ledger) -> Self {
         let sent = ledger.sent;
-        let (expected_chain, by_seq) = ledger.finish();
+        let (expected_chain, by_seq, digests) = ledger.finish();
         let mut by_index = by_seq.clone();
         by_index.sort_by_key(|a| a.index);
         Self {
@@ -118,6 +113,7 @@ impl Checker {
             at: 0,
             seen: vec![0; sent.div_ceil(64) as usize],
             expected_chain,
+            digests,
             chain: 0,
             verdict: Verdict::default(),
         }
@@ -129,14 +125,17 @@ impl Checker {
         }
     }
 
-    /// The index acknowledged at `seq_num`, if any.
-    fn expected_at(&mut self, seq_num: u64) -> Option<u64> {
+    /// The index acknowledged at `seq_num`, and the digest of what was sent there, if
+    /// any.
+    fn expected_at(&mut self, seq_num: u64) -> Option<(u64, Option<u64>)> {
         while let Some(a) = self.by_seq.get(self.at) {
             if seq_num >= a.seq_num + a.count {
                 self.at += 1;
                 continue;
             }
-            return (seq_num >= a.seq_num).then(|| a.index + (seq_num - a.seq_num));
+            let offset = seq_num.checked_sub(a.seq_num)?;
+            let digest = self.digests.get(&a.seq_num).and_then(|d| d.get(offset as usize));
+            return Some((a.index + offset, digest.copied()));
         }
         None
     }
@@ -149,7 +148,8 @@ impl Checker {
 
     pub fn record(&mut self, seq_num: u64, body: &[u8]) {
         self.verdict.records_read += 1;
-        self.chain = payload::chain(self.chain, seq_num, payload::digest(body));
+        let digest = payload::digest(body);
+        self.chain = payload::chain(self.chain, seq_num, digest);
         let ours = Payload::parse(body).filter(|p| p.stream == self.stream && p.index < self.sent);
         let expected = self.expected_at(seq_num);
         let Some(p) = ours else {
@@ -164,8 +164,15 @@ impl Checker {
             return;
         }
         self.seen[word] |= bit;
-        if expected == Some(p.index) {
-            self.verdict.ok += 1;
+        if let Some((index, sent)) = expected
+            && index == p.index
+        {
+            if sent.is_some_and(|sent| sent != digest) {
+                self.verdict.corrupt += 1;
+                self.example(format!("seq_num {seq_num}: record {index} is not what was sent"));
+            } else {
+                self.verdict.ok += 1;
+            }
         } else if let Some(acked_at) = self.acked_seq(p.index) {
             self.verdict.reordered += 1;
             self.example(format!(
@@ -216,9 +223,8 @@ mod tests {
 
     /// A ledger of `batches` batches of 2 records from seq_num 0, and the bodies by index.
     fn ledger(batches: u64) -> (Ledger, Vec<Vec<u8>>) {
-        let mut ledger = Ledger::new(0);
+        let mut ledger = Ledger { sent: batches * 2, ..Ledger::default() };
         let bodies: Vec<Vec<u8>> = (0..batches * 2).map(|i| body(3, i)).collect();
-        ledger.sent = batches * 2;
         for b in 0..batches {
             let i = (b * 2) as usize;
             ledger.acked(
@@ -269,11 +275,26 @@ mod tests {
         assert!(extra.examples[0].contains("seq_num 2"), "{:?}", extra.examples);
     }
 
+    /// A record at its acknowledged place whose body differs is named, also when records
+    /// of failed appends are present (the chain then cannot be compared).
+    #[test]
+    fn a_body_that_differs_is_named_even_where_the_chain_cannot_say() {
+        let (l, bodies) = ledger(1);
+        let mut altered = bodies[1].clone();
+        let last = altered.len() - 1;
+        altered[last] ^= 1;
+        // Record 2 was sent (index within `sent`) but never acknowledged: present anyway.
+        let l = Ledger { sent: 3, ..l };
+        let v = check(l, &[(0, bodies[0].clone()), (1, altered), (2, body(3, 2))]);
+        assert_eq!((v.ok, v.corrupt, v.unacknowledged_present), (1, 1, 1), "{v:?}");
+        assert!(!v.clean());
+        assert!(v.examples[0].contains("seq_num 1: record 1 is not what was sent"), "{v:?}");
+    }
+
     #[test]
     fn out_of_order_acks_chain_the_same() {
         let (a, bodies) = ledger(2);
-        let mut b = Ledger::new(0);
-        b.sent = 4;
+        let mut b = Ledger { sent: 4, ..Ledger::default() };
         let d = |i: usize| payload::digest(&bodies[i]);
         b.acked(2, 2, vec![d(2), d(3)]);
         b.acked(0, 0, vec![d(0), d(1)]);
