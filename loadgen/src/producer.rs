@@ -182,6 +182,7 @@ pub fn run(shared: &Shared, client: &Client, specs: Vec<StreamSpec>, seed: u64) 
                 .filter(|s| !s.dead)
                 .map(|s| unsent(s.next_due, window_end, interval))
                 .sum();
+            p.record_unsent(&streams, interval);
         }
         Load::Closed => p.closed_loop(&mut streams),
     }
@@ -298,9 +299,40 @@ impl Producer<'_> {
         }
     }
 
+    /// Batches the schedule called for before the end and never sent still count in the
+    /// latencies, each with the time it had waited when sending stopped (a lower bound):
+    /// otherwise a stall over the end of the run would leave only the batches that got
+    /// through in the percentiles (coordinated omission).
+    fn record_unsent(&mut self, streams: &[StreamState], interval: Duration) {
+        if interval.is_zero() {
+            return;
+        }
+        let stopped = Instant::now();
+        for s in streams.iter().filter(|s| !s.dead) {
+            let mut intended = s.next_due;
+            while intended < self.window_end {
+                self.record_waited(intended, stopped);
+                intended += interval;
+            }
+        }
+    }
+
+    /// A batch intended at `intended` that had no answer by `now`: its latency is at least
+    /// the wait so far.
+    fn record_waited(&mut self, intended: Instant, now: Instant) {
+        let clock = self.shared.clock;
+        let waited = now.saturating_duration_since(intended);
+        self.series.record(
+            clock.second(intended),
+            waited.as_micros() as u64,
+            self.measured(intended),
+        );
+    }
+
     /// Sending is over: collects the acknowledgements of what is in flight, for at most
-    /// `--drain`; what is still unanswered then counts as failed (it may yet land) and its
-    /// connection is closed.
+    /// `--drain`; what is still unanswered then counts as failed (it may yet land), in
+    /// the latencies with the time it waited (a lower bound), and its connection is
+    /// closed.
     fn collect_in_flight(&mut self, streams: &mut [StreamState]) {
         let drain = self.shared.config.drain;
         let deadline = Instant::now() + drain;
@@ -320,7 +352,10 @@ impl Producer<'_> {
                     continue;
                 }
                 let unanswered = lane.in_flight.len() as u64;
-                lane.in_flight.clear();
+                let now = Instant::now();
+                for f in std::mem::take(&mut lane.in_flight) {
+                    self.record_waited(f.intended, now);
+                }
                 // Closing the connection ends the session's threads; the server may still
                 // apply what it read (verification allows both).
                 lane.session = None;

@@ -293,6 +293,37 @@ fn a_server_that_stops_answering_ends_the_run_after_the_drain() {
     assert!(failed > 0, "{r}");
     let errors = r["errors"].to_string();
     assert!(errors.contains("unanswered 1s after sending stopped (--drain"), "{errors}");
+    // The unanswered batches count in the latencies with what they waited, at least the
+    // drain: a stall is never left out of the percentiles.
+    let max = r["ack_latency"]["max_ms"].as_f64().unwrap_or(0.0);
+    assert!(max >= 1000.0, "{}", r["ack_latency"]);
+}
+
+/// The same stall under an open loop: the batches the schedule called for and could not
+/// send (every slot taken by the stalled ones) count in the latencies too, each with
+/// the time it had waited when sending stopped (no coordinated omission).
+#[test]
+fn an_open_loop_stall_shows_in_the_percentiles() {
+    let dir = tempfile::tempdir().unwrap();
+    let (nova, url) = own_server(dir.path());
+    let _reap = Reap(nova.id());
+    let json = dir.path().join("r.json");
+    let (child, stderr, _) = start(
+        Command::new(env!("CARGO_BIN_EXE_loadgen"))
+            .args(["--url", &url, "--no-progress", "--class", "express", "--rate", "800"])
+            .args(["--in-flight", "2", "--batch", "4", "--record-bytes", "100"])
+            .args(["--duration", "2s", "--warmup", "0s", "--drain", "200ms", "--json"])
+            .arg(&json),
+    );
+    signal(nova.id(), "STOP");
+    let (status, stdout) = finish(child, stderr);
+    signal(nova.id(), "CONT");
+    assert_eq!(status.code(), Some(3), "{stdout}");
+    let r = report(&json);
+    assert!(r["appends"]["unsent_batches"].as_u64().unwrap_or(0) > 100, "{r}");
+    // About 400 batches due over 2 s, all but a few stalled: most waited a good part of it.
+    let p90 = r["ack_latency"]["p90_ms"].as_f64().unwrap_or(0.0);
+    assert!(p90 >= 500.0, "{}", r["ack_latency"]);
 }
 
 /// The processes whose parent is `parent` and whose name is `name`, from /proc.
