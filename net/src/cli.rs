@@ -437,6 +437,28 @@ impl Session {
     }
 }
 
+/// Every item of a listing (`field` of each page), page after page: one list, so that
+/// `--json` prints one document however many pages there are.
+fn every_page(session: &Session, path: &str, field: &str) -> Result<Vec<Value>, Failure> {
+    let mut items = Vec::new();
+    let mut after = String::new();
+    loop {
+        let page_path = if after.is_empty() {
+            path.to_owned()
+        } else {
+            format!("{path}?start_after={}", encode_segment(&after))
+        };
+        let mut page = session.call("GET", &page_path, None)?;
+        if let Some(Value::Array(more)) = page.get_mut(field).map(Value::take) {
+            items.extend(more);
+        }
+        match page["next"].as_str() {
+            Some(next) if !next.is_empty() => after = next.to_owned(),
+            _ => return Ok(items),
+        }
+    }
+}
+
 /// One page of ListTokens: a line per token, its ID, grants, expiry and description
 /// (escaped: what a token's issuer wrote must not drive the terminal).
 fn show_tokens(session: &Session, page: &Value) {
@@ -551,25 +573,17 @@ fn run(args: Vec<String>) -> Outcome {
     match name.as_str() {
         "ls" => {
             args.only(&[])?;
-            let mut after = String::new();
-            loop {
-                let path = format!("/v1/buckets?start_after={}", encode_segment(&after));
-                let path = if after.is_empty() { "/v1/buckets".to_owned() } else { path };
-                let page = session.call("GET", &path, None)?;
-                session.show(&page, |page| {
-                    page["buckets"]
-                        .as_array()
-                        .into_iter()
-                        .flatten()
-                        .map(|b| b["name"].as_str().unwrap_or("").to_owned())
-                        .collect::<Vec<_>>()
-                        .join("\n")
-                });
-                match page["next"].as_str() {
-                    Some(next) if !next.is_empty() => after = next.to_owned(),
-                    _ => return Ok(()),
-                }
-            }
+            let buckets = every_page(&session, "/v1/buckets", "buckets")?;
+            session.show(&json!({"buckets": buckets, "next": ""}), |all| {
+                all["buckets"]
+                    .as_array()
+                    .into_iter()
+                    .flatten()
+                    .map(|b| b["name"].as_str().unwrap_or("").to_owned())
+                    .collect::<Vec<_>>()
+                    .join("\n")
+            });
+            Ok(())
         }
         "bucket create" => {
             args.only_with_options(
@@ -676,16 +690,9 @@ fn run(args: Vec<String>) -> Outcome {
             if !rest.is_empty() {
                 return Err(usage_error("token list takes no arguments"));
             }
-            let mut after = String::new();
-            loop {
-                let path = format!("/v1/tokens?start_after={}", encode_segment(&after));
-                let list = session.call("GET", &path, None)?;
-                show_tokens(&session, &list);
-                match list["next"].as_str() {
-                    Some(next) if !next.is_empty() => after = next.to_owned(),
-                    _ => return Ok(()),
-                }
-            }
+            let tokens = every_page(&session, "/v1/tokens", "tokens")?;
+            show_tokens(&session, &json!({"tokens": tokens, "next": ""}));
+            Ok(())
         }
         "token revoke" => {
             args.only(&[])?;

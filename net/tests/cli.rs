@@ -499,3 +499,25 @@ fn a_refused_batch_says_which_lines_were_appended() {
     let read = ok(&nova, &["read", "nova://refu/s"], None);
     assert_eq!(read.lines().collect::<Vec<_>>(), said, "{stderr}");
 }
+
+/// A listing longer than a page (1000 buckets) is one list: one JSON document with
+/// `--json`, one line per bucket without.
+#[test]
+fn ls_lists_every_page_as_one_list() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let nova = Nova::start(dir.path());
+    let names: Vec<String> = (0..1001).map(|i| format!("b{i:04}")).collect();
+    for name in &names {
+        nova.ok("POST", &format!("/v1/buckets/{name}"), None, 201);
+    }
+    let listed: Value =
+        serde_json::from_str(&ok(&nova, &["--json", "ls"], None)).expect("one JSON document");
+    let listed: Vec<&str> = listed["buckets"]
+        .as_array()
+        .expect("buckets")
+        .iter()
+        .map(|b| b["name"].as_str().expect("a name"))
+        .collect();
+    assert_eq!(listed, names);
+    assert_eq!(ok(&nova, &["ls"], None).lines().count(), 1001);
+}
