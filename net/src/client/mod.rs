@@ -409,7 +409,10 @@ impl Ack {
 #[derive(Clone, Debug, Default, PartialEq, Eq)]
 pub struct Conditions {
     /// Apply only if the first record would be numbered exactly this. Such an append is
-    /// retried after a failed connection: it lands once or is refused.
+    /// retried after a failed connection: it lands once or is refused. A refusal
+    /// (`failed_precondition`, with `next_seq_num`) after a retry may mean the first
+    /// attempt landed before its answer was lost: when `next_seq_num` is this plus the
+    /// batch's records, read them back to tell it from another writer's batch.
     pub match_seq_num: Option<u64>,
     pub fencing_token: Option<String>,
 }
