@@ -598,20 +598,14 @@ impl Shard {
                 self.fence(&slot, token, expected).await.map(Reply::Tail)
             }
             Op::Trim(to) => self.trim(&slot, to).await,
-            Op::Reconfigure(patch) => self.apply_options(&slot, &record, &patch).await,
+            Op::Reconfigure(patch) => {
+                let updated =
+                    self.control.reconfigure_stream(&record.bucket, &record.key, &patch).await?;
+                slot.leader.borrow_mut().set_options(updated.options, self.now_ms());
+                Ok(Reply::Reconfigured(Box::new(updated)))
+            }
             Op::Delete => self.delete(&slot, &record).await,
         }
-    }
-
-    async fn apply_options(
-        &self,
-        slot: &Slot,
-        record: &StreamRecord,
-        patch: &StreamOptionsPatch,
-    ) -> Result<Reply> {
-        let updated = self.control.reconfigure_stream(&record.bucket, &record.key, patch).await?;
-        slot.leader.borrow_mut().set_options(updated.options, self.now_ms());
-        Ok(Reply::Reconfigured(Box::new(updated)))
     }
 
     /// The stream's slot, making its leader on first use from the stream's current
