@@ -85,18 +85,14 @@ struct BodyLimit {
     name: &'static str,
 }
 
+/// Any body but an append's (`--http-body-bytes-max` is never below it).
+const CONTROL_BODY_LIMIT: BodyLimit =
+    BodyLimit { bytes: CONTROL_BODY_BYTES_MAX, name: "the limit of a body other than an append's" };
+
 impl Shared {
     /// An append's body.
     fn append_body_limit(&self) -> BodyLimit {
         BodyLimit { bytes: self.settings.body_bytes_max, name: "--http-body-bytes-max" }
-    }
-
-    /// Any other body (`--http-body-bytes-max` is never below it).
-    fn control_body_limit(&self) -> BodyLimit {
-        BodyLimit {
-            bytes: CONTROL_BODY_BYTES_MAX,
-            name: "the limit of a body other than an append's",
-        }
     }
 }
 
@@ -702,7 +698,7 @@ async fn list_buckets(shared: &Shared, request: &Request<Incoming>) -> Answer {
 }
 
 async fn create_bucket(shared: &Shared, bucket: &BucketName, request: Request<Incoming>) -> Answer {
-    let body = read_body(request, shared.control_body_limit()).await?;
+    let body = read_body(request, CONTROL_BODY_LIMIT).await?;
     let (config, token) = wire::bucket_create(&body)?;
     let created = shared.client.control().create_bucket(bucket, &config, token.as_deref()).await?;
     let status = if created.created { StatusCode::CREATED } else { StatusCode::OK };
@@ -714,7 +710,7 @@ async fn get_bucket(shared: &Shared, bucket: &BucketName) -> Answer {
 }
 
 async fn update_bucket(shared: &Shared, bucket: &BucketName, request: Request<Incoming>) -> Answer {
-    let body = read_body(request, shared.control_body_limit()).await?;
+    let body = read_body(request, CONTROL_BODY_LIMIT).await?;
     let config = wire::bucket_update(&body)?;
     ok(&wire::bucket_json(&shared.client.control().update_bucket(bucket, &config).await?))
 }
@@ -740,7 +736,7 @@ fn token_table(shared: &Shared) -> Result<&Auth, ApiError> {
 
 async fn issue_token(shared: &Shared, caller: &Caller, request: Request<Incoming>) -> Answer {
     let auth = token_table(shared)?;
-    let body = read_body(request, shared.control_body_limit()).await?;
+    let body = read_body(request, CONTROL_BODY_LIMIT).await?;
     let asked = wire::token_request(&body)?;
     let now = now_ms();
     let expires_at_ms = asked.expires_in_seconds.map(|seconds| now.saturating_add(seconds * 1000));
@@ -807,7 +803,7 @@ async fn create_stream(
     key: &StreamKey,
     request: Request<Incoming>,
 ) -> Answer {
-    let body = read_body(request, shared.control_body_limit()).await?;
+    let body = read_body(request, CONTROL_BODY_LIMIT).await?;
     let (options, token) = wire::stream_create(&body)?;
     let created =
         shared.client.control().create_stream(bucket, key, &options, token.as_deref()).await?;
@@ -826,7 +822,7 @@ async fn reconfigure(
     key: &StreamKey,
     request: Request<Incoming>,
 ) -> Answer {
-    let body = read_body(request, shared.control_body_limit()).await?;
+    let body = read_body(request, CONTROL_BODY_LIMIT).await?;
     let patch = wire::stream_patch(&body)?;
     ok(&wire::stream_json(&shared.client.reconfigure(bucket, key, patch).await?, None))
 }
@@ -1039,7 +1035,7 @@ async fn fence(
     key: &StreamKey,
     request: Request<Incoming>,
 ) -> Answer {
-    let body = read_body(request, shared.control_body_limit()).await?;
+    let body = read_body(request, CONTROL_BODY_LIMIT).await?;
     let object = wire::parse_body(&body, &["fencing_token", "expected"])?;
     let token = object
         .str("fencing_token")?
@@ -1056,7 +1052,7 @@ async fn trim(
     key: &StreamKey,
     request: Request<Incoming>,
 ) -> Answer {
-    let body = read_body(request, shared.control_body_limit()).await?;
+    let body = read_body(request, CONTROL_BODY_LIMIT).await?;
     let object = wire::parse_body(&body, &["seq_num", "timestamp"])?;
     let stamp = object.i64("timestamp")?.map(timestamp::clamp_to_stored);
     let to = match (object.u64("seq_num")?, stamp) {
