@@ -265,8 +265,14 @@ impl Work {
             let (marks, more) = self.control.dead_page(after.as_deref()).await?;
             after = marks.last().map(|(object, _)| object.clone());
             for (object, marked_at) in marks {
-                let since = self.deleted.get(&object).copied().unwrap_or(marked_at);
-                if now.saturating_sub(since) >= grace {
+                if let Some(&deleted_at) = self.deleted.get(&object) {
+                    // Deleted already: its mark is lifted a grace later (not a backlog).
+                    if now.saturating_sub(deleted_at) >= grace {
+                        due.push(object);
+                    }
+                    continue;
+                }
+                if now.saturating_sub(marked_at) >= grace {
                     due.push(object);
                 } else {
                     dead += 1;
@@ -294,7 +300,6 @@ impl Work {
                         .map_err(|e| Error::unavailable(format!("delete {object} ({e})")))?;
                     lock(&self.stats).objects_deleted += 1;
                     self.deleted.insert(object, now);
-                    dead += 1;
                 }
             }
         }

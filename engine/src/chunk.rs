@@ -605,6 +605,11 @@ impl<B: ChunkStorage> ChunkBuilder<B> {
     }
 
     /// Records so far.
+    /// The buffer the chunk is built in.
+    pub fn storage(&self) -> &B {
+        &self.buf
+    }
+
     pub fn len(&self) -> usize {
         self.ends.len() / END_LEN
     }

@@ -12,6 +12,7 @@
 //! The shard count is fixed for a data directory (its journals are per shard): the
 //! manifest records it and a node with another count refuses to start.
 
+use std::cell::Cell;
 use std::collections::HashMap;
 use std::path::{Path, PathBuf};
 use std::rc::Rc;
@@ -27,6 +28,7 @@ use crate::ids::StreamId;
 use crate::journal::{Journal, JournalConfig};
 use crate::meta::{RedbMetaOptions, RedbMetaStore};
 use crate::names::{BucketName, StreamKey};
+use crate::notify::Notify;
 use crate::options::StreamOptionsPatch;
 use crate::position::Tail;
 use crate::shard::{
@@ -635,17 +637,25 @@ async fn run_shard(
 
     let permits = Rc::new(glommio::sync::Semaphore::new(config.handlers_max));
     // Reads that may wait (long polls, subscription pages) have a pool of their own, as
-    // large, taken off the loop: idle followers, however many, never hold the permits
-    // that appends need, nor stop this loop taking them.
+    // large, taken in their own task, off the loop: idle followers, however many, never
+    // hold the permits that appends need, nor stop this loop taking them. Those tasks
+    // are bounded by the requests that can be in flight (a connection has one at a
+    // time, and connections are limited), and counted so that stopping waits for them.
     let waiting = Rc::new(glommio::sync::Semaphore::new(config.handlers_max));
+    let waiting_reads = Rc::new((Cell::new(0u64), Notify::new()));
     while let Ok(message) = inbox.recv_async().await {
         match message {
             Message::Op { record, op: Op::Read(read), reply } if read.wait.is_some() => {
                 let (shard, waiting) = (Rc::clone(&shard), Rc::clone(&waiting));
+                let in_hand = Rc::clone(&waiting_reads);
+                in_hand.0.set(in_hand.0.get() + 1);
                 glommio::spawn_local(async move {
-                    let Ok(permit) = waiting.acquire_static_permit(1).await else { return };
-                    let _ = reply.send(shard.handle(*record, Op::Read(read)).await);
-                    drop(permit);
+                    if let Ok(permit) = waiting.acquire_static_permit(1).await {
+                        let _ = reply.send(shard.handle(*record, Op::Read(read)).await);
+                        drop(permit);
+                    }
+                    in_hand.0.set(in_hand.0.get() - 1);
+                    in_hand.1.notify();
                 })
                 .detach();
             }
@@ -681,7 +691,13 @@ async fn run_shard(
     // Answer what is in hand (every handler gives its permit back when done), then let
     // the flusher finish and drop everything the shard holds, its metadata handle too.
     let _ = permits.acquire(config.handlers_max).await;
-    let _ = waiting.acquire(config.handlers_max).await;
+    loop {
+        let seen = waiting_reads.1.generation();
+        if waiting_reads.0.get() == 0 {
+            break;
+        }
+        waiting_reads.1.changed(seen).await;
+    }
     shard.stop();
     flusher.await;
     // Let express chunks on their way reach the object store, for a bounded time.

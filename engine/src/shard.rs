@@ -987,7 +987,7 @@ impl Shard {
             slot.queued.set(false);
             let mut leader = slot.leader.borrow_mut();
             group.extend(leader.take_sealed(ShardBuf::path).into_iter().map(|c| (id, c)));
-            if leader.has_sealed() {
+            if leader.has_unflushed() {
                 // Held back until the chunks in flight on the other path are durable
                 // (`on_durable`, `apply_standard` notify then).
                 slot.due.set(true);
@@ -1003,7 +1003,7 @@ impl Shard {
     /// flight on the other (`Leader::take_sealed`), once those are durable.
     fn resume_held_back(&self, slot: &Slot) {
         let leader = slot.leader.borrow();
-        if leader.has_sealed() && !leader.has_in_flight() {
+        if leader.has_unflushed() && !leader.has_in_flight() {
             self.work.notify();
         }
     }

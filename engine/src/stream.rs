@@ -416,9 +416,17 @@ impl<B: ChunkStorage, L: Clone> Leader<B, L> {
     /// `path` names the way a chunk in its buffer becomes durable (the journal, a
     /// bundle). Two paths do not keep each other's order, so chunks go out on one path
     /// at a time: the first on another path than the chunks in flight, and every one
-    /// after it, stay sealed until those are durable ([`Leader::has_sealed`]). A stream's
+    /// after it, wait until those are durable ([`Leader::has_unflushed`]). A stream's
     /// chunks change path when its class changes.
     pub fn take_sealed(&mut self, path: impl Fn(&B) -> u8) -> Vec<SealedChunk<B>> {
+        // The next chunk cannot go yet: then nothing is sealed either (the open chunk
+        // goes on filling, and is cut by its own triggers).
+        let next = self.sealed.first().map(|c| path(c.storage())).or_else(|| {
+            self.open.as_ref().filter(|open| !open.is_empty()).map(|open| path(open.storage()))
+        });
+        if !self.in_flight.is_empty() && next.is_some_and(|next| next != self.in_flight_path) {
+            return Vec::new();
+        }
         if let Some(open) = self.open.take()
             && !open.is_empty()
         {
@@ -446,9 +454,11 @@ impl<B: ChunkStorage, L: Clone> Leader<B, L> {
         sealed
     }
 
-    /// Whether sealed chunks wait to be handed out ([`Leader::take_sealed`]).
-    pub fn has_sealed(&self) -> bool {
-        !self.sealed.is_empty()
+    /// Whether sequenced records wait to be handed out: in sealed chunks, or in the
+    /// open one ([`Leader::take_sealed`] holds them back while another path has chunks
+    /// in flight).
+    pub fn has_unflushed(&self) -> bool {
+        !self.sealed.is_empty() || self.open.as_ref().is_some_and(|open| !open.is_empty())
     }
 
     /// A handed-out chunk is durable: it becomes visible and the tail moves.

@@ -915,6 +915,10 @@ fn append(session: &Session, address: &Address, args: &Args) -> Outcome {
             }
         }
     }
+    // What a record adds to a batch besides its body: its headers, and the stored
+    // form's flag byte and header table (4 bytes a header, and some slack).
+    let header_bytes: usize =
+        headers.iter().map(|(name, value)| name.len() + value.len() + 4).sum::<usize>() + 16;
     let mut match_seq_num = args.number("match-seq-num")?;
     let fencing_token = args.value("fencing-token").map(str::to_owned);
     let mut appender =
@@ -967,7 +971,7 @@ fn append(session: &Session, address: &Address, args: &Args) -> Outcome {
             // Cut before the batch would pass the batch limit of 100 MiB (counted in
             // stored bytes, a little more than content), whatever --batch says.
             let room = engine::limits::BATCH_BYTES_MAX as usize;
-            if !batch.is_empty() && batch.stored_bytes() + body.len() + 16 > room {
+            if !batch.is_empty() && batch.stored_bytes() + body.len() + header_bytes > room {
                 answered.extend(send(&mut batch, &mut sent, lines_read)?);
             }
             lines_read += 1;

@@ -334,14 +334,16 @@ fn chunks_go_out_on_one_path_at_a_time() {
     assert_eq!(old.len(), 1);
     h.append(&[b"new"]);
     assert!(h.leader.take_sealed(|_| 0).is_empty(), "held back while the old path has one");
-    assert!(h.leader.has_sealed() && h.leader.has_in_flight());
+    assert!(h.leader.has_unflushed() && h.leader.has_in_flight());
+    // Held back unsealed: the open chunk goes on filling.
     h.append(&[b"more"]);
     assert!(h.leader.take_sealed(|_| 0).is_empty());
     old.into_iter().for_each(|chunk| make_durable(&mut h, chunk));
     let new = h.leader.take_sealed(|_| 0);
-    let firsts: Vec<u64> = new.iter().map(|c| c.header().first_seq_num).collect();
-    assert_eq!(firsts, [1, 2], "in order, once the old path is done");
-    assert!(!h.leader.has_sealed());
+    let taken: Vec<(u64, u32)> =
+        new.iter().map(|c| (c.header().first_seq_num, c.header().record_count)).collect();
+    assert_eq!(taken, [(1, 2)], "in order, once the old path is done");
+    assert!(!h.leader.has_unflushed());
     new.into_iter().for_each(|chunk| make_durable(&mut h, chunk));
     assert_eq!(h.leader.tail().seq_num, 3);
     // On one path, any number go out at once.
