@@ -263,21 +263,20 @@ fn own_server(dir: &Path) -> (Child, String) {
     }
 }
 
-/// A server that stops answering mid-run (SIGSTOP): the run still ends, after its
-/// duration and `--drain` rather than the default 30 s (the final tail checks too wait
-/// at most that long), with the batches in flight counted as failed and named in an
-/// error; it exits 3, ran with failed appends (docs/loadgen.md).
-#[test]
-fn a_server_that_stops_answering_ends_the_run_after_the_drain() {
-    let dir = tempfile::tempdir().unwrap();
+/// Runs loadgen with `load` (small express batches, 2 in flight, 2 s measured) against
+/// a server of its own that is stopped (SIGSTOP) as soon as the run starts; the report,
+/// the run's status, its stdout, and how long it took after the stop.
+fn stalled_run(load: &[&str], drain: &str) -> (serde_json::Value, Option<i32>, String, Duration) {
+    let dir = tempfile::tempdir().expect("a temporary directory");
     let (nova, url) = own_server(dir.path());
     let _reap = Reap(nova.id());
     let json = dir.path().join("r.json");
     let (child, stderr, _) = start(
         Command::new(env!("CARGO_BIN_EXE_loadgen"))
-            .args(["--url", &url, "--no-progress", "--class", "express", "--closed-loop"])
+            .args(["--url", &url, "--no-progress", "--class", "express"])
+            .args(load)
             .args(["--in-flight", "2", "--batch", "4", "--record-bytes", "100"])
-            .args(["--duration", "2s", "--warmup", "0s", "--drain", "1s", "--json"])
+            .args(["--duration", "2s", "--warmup", "0s", "--drain", drain, "--json"])
             .arg(&json),
     );
     signal(nova.id(), "STOP");
@@ -285,10 +284,19 @@ fn a_server_that_stops_answering_ends_the_run_after_the_drain() {
     let (status, stdout) = finish(child, stderr);
     let took = stopped.elapsed();
     signal(nova.id(), "CONT");
-    assert_eq!(status.code(), Some(3), "{stdout}");
+    (report(&json), status.code(), stdout, took)
+}
+
+/// A server that stops answering mid-run (SIGSTOP): the run still ends, after its
+/// duration and `--drain` rather than the default 30 s (the final tail checks too wait
+/// at most that long), with the batches in flight counted as failed and named in an
+/// error; it exits 3, ran with failed appends (docs/loadgen.md).
+#[test]
+fn a_server_that_stops_answering_ends_the_run_after_the_drain() {
+    let (r, status, stdout, took) = stalled_run(&["--closed-loop"], "1s");
+    assert_eq!(status, Some(3), "{stdout}");
     // Far below the 30 s default: the drain is what ended it.
     assert!(took < Duration::from_secs(20), "the run took {took:?} after the server stopped");
-    let r = report(&json);
     let failed = r["appends"]["failed_batches"].as_u64().unwrap();
     assert!(failed > 0, "{r}");
     let errors = r["errors"].to_string();
@@ -304,22 +312,8 @@ fn a_server_that_stops_answering_ends_the_run_after_the_drain() {
 /// the time it had waited when sending stopped (no coordinated omission).
 #[test]
 fn an_open_loop_stall_shows_in_the_percentiles() {
-    let dir = tempfile::tempdir().unwrap();
-    let (nova, url) = own_server(dir.path());
-    let _reap = Reap(nova.id());
-    let json = dir.path().join("r.json");
-    let (child, stderr, _) = start(
-        Command::new(env!("CARGO_BIN_EXE_loadgen"))
-            .args(["--url", &url, "--no-progress", "--class", "express", "--rate", "800"])
-            .args(["--in-flight", "2", "--batch", "4", "--record-bytes", "100"])
-            .args(["--duration", "2s", "--warmup", "0s", "--drain", "200ms", "--json"])
-            .arg(&json),
-    );
-    signal(nova.id(), "STOP");
-    let (status, stdout) = finish(child, stderr);
-    signal(nova.id(), "CONT");
-    assert_eq!(status.code(), Some(3), "{stdout}");
-    let r = report(&json);
+    let (r, status, stdout, _) = stalled_run(&["--rate", "800"], "200ms");
+    assert_eq!(status, Some(3), "{stdout}");
     assert!(r["appends"]["unsent_batches"].as_u64().unwrap_or(0) > 100, "{r}");
     // About 400 batches due over 2 s, all but a few stalled: most waited a good part of it.
     let p90 = r["ack_latency"]["p90_ms"].as_f64().unwrap_or(0.0);

@@ -526,19 +526,18 @@ fn param<'a>(pairs: &'a [(String, String)], name: &str) -> Option<&'a str> {
     pairs.iter().find(|(n, _)| n == name).map(|(_, v)| v.as_str())
 }
 
-/// Whether `text` is a whole number as the API writes one: digits, after a minus sign
-/// where `signed`. (Rust's parsers also take a leading `+`.)
-pub(crate) fn plain_integer(text: &str, signed: bool) -> bool {
+/// `text` as a whole number written as the API writes one: digits, after a minus sign
+/// for a signed type. (Rust's parsers also take a leading `+`.)
+pub(crate) fn plain_number<T: std::str::FromStr>(text: &str, signed: bool) -> Option<T> {
     let digits = if signed { text.strip_prefix('-').unwrap_or(text) } else { text };
-    !digits.is_empty() && digits.bytes().all(|b| b.is_ascii_digit())
+    let plain = !digits.is_empty() && digits.bytes().all(|b| b.is_ascii_digit());
+    plain.then(|| text.parse().ok()).flatten()
 }
 
 fn number_param(pairs: &[(String, String)], name: &str) -> Result<Option<u64>, ApiError> {
     param(pairs, name)
         .map(|text| {
-            let parsed =
-                Some(text).filter(|t| plain_integer(t, false)).and_then(|t| t.parse().ok());
-            parsed.ok_or_else(|| {
+            plain_number::<u64>(text, false).ok_or_else(|| {
                 ApiError::invalid(format!(
                     "query parameter {name} must be a whole number from 0 to {}, not {text:?}",
                     u64::MAX
@@ -553,8 +552,7 @@ fn number_param(pairs: &[(String, String)], name: &str) -> Result<Option<u64>, A
 fn timestamp_param(pairs: &[(String, String)], name: &str) -> Result<Option<u64>, ApiError> {
     param(pairs, name)
         .map(|text| {
-            let parsed = Some(text).filter(|t| plain_integer(t, true)).and_then(|t| t.parse().ok());
-            parsed.map(timestamp::clamp_to_stored).ok_or_else(|| {
+            plain_number::<i64>(text, true).map(timestamp::clamp_to_stored).ok_or_else(|| {
                 ApiError::invalid(format!(
                     "query parameter {name} must be a whole number of milliseconds from {} to \
                      {}, not {text:?}",

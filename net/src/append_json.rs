@@ -101,6 +101,33 @@ impl Field {
             Field::Object => "an object".into(),
         }
     }
+
+    /// The field `name` as a u64; null is absent (as in [`wire`]'s objects).
+    fn u64(self, name: &str) -> Result<Option<u64>, ApiError> {
+        match self {
+            Field::Scalar(Value::Null) => Ok(None),
+            Field::Scalar(value) => wire::u64_value(name, &value).map(Some),
+            other => Err(wire::u64_wrong(name, &other.excerpt())),
+        }
+    }
+
+    /// The field `name` as an i64; null is absent.
+    fn i64(self, name: &str) -> Result<Option<i64>, ApiError> {
+        match self {
+            Field::Scalar(Value::Null) => Ok(None),
+            Field::Scalar(value) => wire::i64_value(name, &value).map(Some),
+            other => Err(wire::i64_wrong(name, &other.excerpt())),
+        }
+    }
+
+    /// The field `name` as a string; null is absent.
+    fn string(self, name: &str) -> Result<Option<String>, ApiError> {
+        match self {
+            Field::Scalar(Value::Null) => Ok(None),
+            Field::Scalar(Value::String(text)) => Ok(Some(text)),
+            other => Err(wire::wrong(name, "a string", &other.excerpt())),
+        }
+    }
 }
 
 impl<'de> de::Deserialize<'de> for Field {
@@ -283,32 +310,12 @@ impl<'de> Visitor<'de> for BodyVisitor<'_> {
                 0 => map.next_value_seed(RecordsSeed(&mut *parse))?,
                 1 => {
                     let field: Field = map.next_value()?;
-                    parse.match_seq_num = match field {
-                        Field::Scalar(Value::Null) => None,
-                        Field::Scalar(value) => Some(
-                            wire::u64_value("match_seq_num", &value).map_err(|e| parse.fail(e))?,
-                        ),
-                        other => {
-                            return Err(
-                                parse.fail(wire::u64_wrong("match_seq_num", &other.excerpt()))
-                            );
-                        }
-                    };
+                    parse.match_seq_num = field.u64("match_seq_num").map_err(|e| parse.fail(e))?;
                 }
                 _ => {
                     let field: Field = map.next_value()?;
-                    parse.fencing_token = match field {
-                        Field::Scalar(Value::Null) => None,
-                        Field::Scalar(Value::String(token)) => Some(token),
-                        other => {
-                            let name = "fencing_token";
-                            return Err(parse.fail(wire::wrong(
-                                name,
-                                "a string",
-                                &other.excerpt(),
-                            )));
-                        }
-                    };
+                    parse.fencing_token =
+                        field.string("fencing_token").map_err(|e| parse.fail(e))?;
                 }
             }
         }
@@ -415,20 +422,17 @@ impl<'de> Visitor<'de> for RecordSeed<'_> {
             next_field(&mut map, parse, &RECORD_FIELDS, &mut seen, &prefix, &what)?
         {
             match field {
-                0 => match map.next_value()? {
-                    Field::Scalar(Value::Null) => {}
-                    Field::Scalar(Value::String(text)) => {
-                        let decoded = parse.encoding.decode_owned(text, &|| name("body"));
-                        body = Some(decoded.map_err(|e| parse.fail(e))?);
-                    }
-                    other => {
-                        return Err(parse.fail(wire::wrong(
-                            &name("body"),
-                            "a string",
-                            &other.excerpt(),
-                        )));
-                    }
-                },
+                0 => {
+                    let field: Field = map.next_value()?;
+                    let encoding = parse.encoding;
+                    body = field
+                        .string(&name("body"))
+                        .and_then(|text| {
+                            text.map(|text| encoding.decode_owned(text, &|| name("body")))
+                                .transpose()
+                        })
+                        .map_err(|e| parse.fail(e))?;
+                }
                 1 => map.next_value_seed(HeadersSeed {
                     encoding: parse.encoding,
                     failure: &mut parse.failure,
@@ -437,17 +441,7 @@ impl<'de> Visitor<'de> for RecordSeed<'_> {
                 })?,
                 _ => {
                     let field: Field = map.next_value()?;
-                    timestamp = match field {
-                        Field::Scalar(Value::Null) => None,
-                        Field::Scalar(value) => Some(
-                            wire::i64_value(&name("timestamp"), &value)
-                                .map_err(|e| parse.fail(e))?,
-                        ),
-                        other => {
-                            let message = wire::i64_wrong(&name("timestamp"), &other.excerpt());
-                            return Err(parse.fail(message));
-                        }
-                    };
+                    timestamp = field.i64(&name("timestamp")).map_err(|e| parse.fail(e))?;
                 }
             }
         }

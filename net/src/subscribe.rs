@@ -8,10 +8,11 @@
 //! the heartbeat interval, `end` when a bound (`count`, `bytes`, `until`) is reached,
 //! `error` (a deleted stream ends with not_found). Binary frames (framing.rs): records
 //! frames as the chunk holds them, each page closed by a page-end frame with the tail,
-//! heartbeat frames with the tail, an end frame, an error frame. `Last-Event-ID` resumes right after the sequence number it names and wins over
-//! `seq_num`. A start past the tail is an ordinary 416 before any event. Pages after the
-//! first never create the stream, so deleting it ends the subscription, and a token
-//! revoked or expired since the subscription began ends it with unauthenticated.
+//! heartbeat frames with the tail, an end frame, an error frame. `Last-Event-ID` resumes
+//! right after the sequence number it names and wins over `seq_num`. A start past the
+//! tail is an ordinary 416 before any event. Pages after the first never create the
+//! stream, so deleting it ends the subscription, and a token revoked or expired since
+//! the subscription began ends it with unauthenticated.
 //!
 //! Memory per subscriber is bounded: events go through a channel of
 //! [`EVENTS_QUEUED_MAX`] events of at most one page each (1 MiB of content for SSE,
@@ -116,9 +117,7 @@ pub async fn subscribe(
             value
                 .to_str()
                 .ok()
-                .map(str::trim)
-                .filter(|v| api::plain_integer(v, false))
-                .and_then(|v| v.parse::<u64>().ok())
+                .and_then(|v| api::plain_number::<u64>(v.trim(), false))
                 .ok_or_else(|| {
                     ApiError::invalid(format!(
                         "header Last-Event-ID must be the last seq_num delivered, not {value:?}"
