@@ -191,6 +191,7 @@ impl NodeConfig {
         let uploader = &mut self.uploader;
         uploader.bundle_bytes_target = value(t::BUNDLE_BYTES_TARGET)?;
         uploader.bundle_delay = ms(value(t::BUNDLE_DELAY_MS)?);
+        uploader.direct_settle_bytes_min = value(t::DIRECT_SETTLE_BYTES_MIN)?;
         uploader.uploads_in_flight_max = count(value(t::UPLOADS_IN_FLIGHT_MAX)?);
         uploader.reads_in_flight_max = count(value(t::OBJECT_READS_IN_FLIGHT_MAX)?);
         uploader.queue_depth = count(value(t::UPLOADER_QUEUE_DEPTH)?);

@@ -17,6 +17,13 @@
 //!   all of its chunks returned success (durable in the store), or an error (a refused
 //!   chunk; the uploader stopping before its bundle was durable). A request's chunks
 //!   always travel in one bundle.
+//! - A bundle cut from one stream's chunks alone, back to back by sequence number and at
+//!   least `direct-settle-bytes-min` long, whose chunks came with their bucket, is
+//!   written as that stream's settled object (settled.rs) under its settled key instead:
+//!   the same slots, so placements work alike, and the settler never rewrites it. If
+//!   that key holds another object (an orphan of an earlier attempt that differs), or
+//!   the store refuses it for good, the same chunks go out as a transit bundle
+//!   (docs/decisions/0010-direct-settled-objects.md).
 //! - A failed PUT is retried with capped exponential backoff and jitter for as long as
 //!   the uploader runs, under the same key, so a retry after a PUT that landed unseen
 //!   finds its own object (checked byte for byte) rather than writing a second one.
@@ -48,10 +55,11 @@ use crate::chunk::{ChunkHeader, SealedChunk};
 use crate::error::{Error, Result};
 use crate::ids::StreamId;
 use crate::loan::{Lent, LentChunk};
-use crate::settled::SettledLayout;
+use crate::names::BucketName;
+use crate::settled::{SettledBuilder, SettledLayout};
 use crate::transit::{
-    self, BundleBuilder, BundleId, PushRefused, SLOT_ENVELOPE_LEN as ENVELOPE_LEN, SlotEnvelope,
-    SlotParts, TransitKey,
+    self, BundleBuilder, BundleId, BundleLayout, PushRefused, SLOT_ENVELOPE_LEN as ENVELOPE_LEN,
+    SlotEnvelope, SlotParts, TransitKey,
 };
 
 /// How the uploader cuts, sends and retries. [`Default`] is every knob's default.
@@ -73,6 +81,9 @@ pub struct UploaderConfig {
     pub drain: Duration,
     /// Ranged GETs in flight at once (`object-reads-in-flight-max`).
     pub reads_in_flight_max: usize,
+    /// The smallest bundle of one stream's chunks alone written as its settled object
+    /// (`direct-settle-bytes-min`).
+    pub direct_settle_bytes_min: u64,
     /// The core the thread is pinned to, if any.
     pub core: Option<usize>,
 }
@@ -90,6 +101,7 @@ impl Default for UploaderConfig {
             backoff_max: ms(tuning::UPLOAD_BACKOFF_MAX_MS),
             drain: ms(tuning::UPLOADER_DRAIN_MS),
             reads_in_flight_max: count(tuning::OBJECT_READS_IN_FLIGHT_MAX),
+            direct_settle_bytes_min: tuning::DIRECT_SETTLE_BYTES_MIN.default,
             core: None,
         }
     }
@@ -106,11 +118,14 @@ pub struct UploadChunk {
     /// The stream's leader epoch when the chunk was built ([`LEADER_EPOCH`] until leases
     /// exist).
     pub leader_epoch: u64,
+    /// The stream's bucket, when the chunk may be written straight into a settled object
+    /// of its stream (see the module doc); without it, only into a transit bundle.
+    pub bucket: Option<BucketName>,
 }
 
 impl From<SealedChunk<AlignedBuf>> for UploadChunk {
     fn from(chunk: SealedChunk<AlignedBuf>) -> Self {
-        Self { body: ChunkBody::Owned(chunk), leader_epoch: LEADER_EPOCH }
+        Self { body: ChunkBody::Owned(chunk), leader_epoch: LEADER_EPOCH, bucket: None }
     }
 }
 
@@ -213,6 +228,12 @@ pub struct UploaderStats {
     pub bundles: u64,
     /// Bytes of bundles written.
     pub bundle_bytes: u64,
+    /// Bundles of one stream written as its settled object instead, and their bytes.
+    pub settled_direct: u64,
+    pub settled_direct_bytes: u64,
+    /// Of those cut to be a settled object, how many went out as a transit bundle
+    /// after all (their key held another object, or the store refused it for good).
+    pub direct_fallbacks: u64,
     /// PUT attempts, and how many of them failed.
     pub put_attempts: u64,
     pub put_failures: u64,
@@ -297,6 +318,9 @@ struct Counters {
     chunks: AtomicU64,
     bundles: AtomicU64,
     bundle_bytes: AtomicU64,
+    settled_direct: AtomicU64,
+    settled_direct_bytes: AtomicU64,
+    direct_fallbacks: AtomicU64,
     put_attempts: AtomicU64,
     put_failures: AtomicU64,
     in_flight: AtomicUsize,
@@ -488,6 +512,9 @@ impl Uploader {
             chunks: c.chunks.load(Ordering::Relaxed),
             bundles: c.bundles.load(Ordering::Relaxed),
             bundle_bytes: c.bundle_bytes.load(Ordering::Relaxed),
+            settled_direct: c.settled_direct.load(Ordering::Relaxed),
+            settled_direct_bytes: c.settled_direct_bytes.load(Ordering::Relaxed),
+            direct_fallbacks: c.direct_fallbacks.load(Ordering::Relaxed),
             put_attempts: c.put_attempts.load(Ordering::Relaxed),
             put_failures: c.put_failures.load(Ordering::Relaxed),
             queue_depth: self.tx.len(),
@@ -570,13 +597,139 @@ impl Accepted {
     }
 }
 
-/// One bundle on its way: its key and body, and the requests it answers.
+/// One object on its way: its key and body, and the requests it answers.
 struct Job {
     key: Arc<str>,
     body: Bytes,
     /// Each request with its chunks' placements, in the request's order.
     requests: Vec<(Accepted, Vec<Placement>)>,
     chunks: u64,
+    /// A settled object of one stream rather than a transit bundle.
+    settled: bool,
+}
+
+impl Job {
+    /// `requests` in the transit bundle `layout` (`lay_out_bundle`'s), under `key_prefix`.
+    fn bundle(
+        key_prefix: &str,
+        layout: &BundleLayout,
+        requests: Vec<Accepted>,
+        pushes: Vec<Vec<u32>>,
+    ) -> Job {
+        let key: Arc<str> = format!("{key_prefix}{}", layout.key()).into();
+        let slots: Vec<SlotParts<'_>> = requests.iter().flat_map(Accepted::slots).collect();
+        // The one copy: the store takes one contiguous body.
+        let body = layout.assemble(&slots);
+        drop(slots);
+        let mut chunks = 0u64;
+        let requests = requests
+            .into_iter()
+            .zip(pushes)
+            .map(|(request, numbers)| {
+                chunks += numbers.len() as u64;
+                let placements = numbers
+                    .iter()
+                    .map(|&push| {
+                        let entry = layout.entry_of(push);
+                        Placement {
+                            key: Arc::clone(&key),
+                            offset: entry.offset,
+                            length: u64::from(entry.len),
+                            stream_id: entry.stream_id,
+                            first_seq_num: entry.first_seq_num,
+                            record_count: entry.record_count,
+                        }
+                    })
+                    .collect();
+                (request, placements)
+            })
+            .collect();
+        Job { key, body, requests, chunks, settled: false }
+    }
+
+    /// `requests` as one settled object of their stream, if they make one: every chunk
+    /// came with its bucket, all of one stream, back to back by sequence number, at
+    /// least `bytes_min` of slots. If not, the requests back.
+    fn settled(requests: Vec<Accepted>, bytes_min: u64) -> std::result::Result<Job, Vec<Accepted>> {
+        let bytes: u64 = requests.iter().flat_map(Accepted::slots).map(|s| s.len() as u64).sum();
+        let first = requests.first().and_then(|request| request.chunks.first());
+        let Some((bucket, stream_id)) =
+            first.and_then(|chunk| Some((chunk.bucket.clone()?, chunk.body.header().stream_id)))
+        else {
+            return Err(requests);
+        };
+        let ours = |chunk: &UploadChunk| {
+            chunk.body.header().stream_id == stream_id && chunk.bucket.as_ref() == Some(&bucket)
+        };
+        if bytes < bytes_min || !requests.iter().flat_map(|r| &r.chunks).all(ours) {
+            return Err(requests);
+        }
+        // Every (request, chunk), in sequence order: requests of one stream may come in
+        // any order when a shard has several jobs in flight.
+        let mut order: Vec<(usize, usize)> = requests
+            .iter()
+            .enumerate()
+            .flat_map(|(r, request)| (0..request.chunks.len()).map(move |c| (r, c)))
+            .collect();
+        order.sort_by_key(|&(r, c)| requests[r].chunks[c].body.header().first_seq_num);
+        let slot = |&(r, c): &(usize, usize)| SlotParts {
+            envelope: &requests[r].envelopes[c],
+            chunk: requests[r].chunks[c].body.bytes(),
+        };
+        let (r, c) = order[0];
+        let mut builder =
+            SettledBuilder::new(stream_id, requests[r].chunks[c].body.header().first_seq_num);
+        for at in &order {
+            // A gap or an overlap: not one run.
+            if builder.push_parts(slot(at)).is_err() {
+                return Err(requests);
+            }
+        }
+        let Some(layout) = builder.finish() else { return Err(requests) };
+        let key: Arc<str> = layout.key(bucket).to_string().into();
+        let slots: Vec<SlotParts<'_>> = order.iter().map(slot).collect();
+        // The one copy, as for a bundle.
+        let body = layout.assemble(&slots);
+        drop(slots);
+        let mut placed: Vec<Vec<Option<Placement>>> =
+            requests.iter().map(|request| vec![None; request.chunks.len()]).collect();
+        for (entry, &(r, c)) in layout.entries().iter().zip(&order) {
+            placed[r][c] = Some(Placement {
+                key: Arc::clone(&key),
+                offset: entry.offset,
+                length: u64::from(entry.len),
+                stream_id,
+                first_seq_num: entry.first_seq_num,
+                record_count: entry.record_count,
+            });
+        }
+        let requests = requests
+            .into_iter()
+            .zip(placed)
+            .map(|(request, placements)| {
+                let placements =
+                    placements.into_iter().map(|p| p.expect("every chunk is placed")).collect();
+                (request, placements)
+            })
+            .collect();
+        Ok(Job { key, body, requests, chunks: order.len() as u64, settled: true })
+    }
+}
+
+/// Lays `requests` out in one transit bundle: the layout and each request's pushes (in
+/// its chunks' order), or the index of the first request whose slots collide with an
+/// earlier one's (two chunks of one stream overlapping by sequence number).
+fn lay_out_bundle(
+    requests: &[Accepted],
+) -> std::result::Result<(Option<BundleLayout>, Vec<Vec<u32>>), usize> {
+    let mut builder = BundleBuilder::new(new_bundle_id(), now_ms());
+    let mut pushes = Vec::with_capacity(requests.len());
+    for (at, request) in requests.iter().enumerate() {
+        let numbers: std::result::Result<Vec<u32>, _> =
+            request.slots().map(|slot| builder.push_parts(slot)).collect();
+        pushes.push(numbers.map_err(|_| at)?);
+    }
+    Ok((builder.finish(), pushes))
 }
 
 /// The uploader thread's state. Lives on that thread only.
@@ -744,32 +897,16 @@ impl Engine {
     }
 
     /// Lays out every pending request in one bundle (deferring to the next bundle a
-    /// request whose slots collide with an earlier one's) and starts its upload.
+    /// request whose slots collide with an earlier one's), or in one settled object when
+    /// they are one stream's run, and starts its upload.
     fn cut_and_send(&mut self) {
         let mut taken = std::mem::take(&mut self.pending);
         let mut deferred = Vec::new();
-        let (bundle_id, written_at_ms) = (new_bundle_id(), now_ms());
         // Each pass either lays out everything or moves one request out: bounded.
         let (layout, pushes) = loop {
-            let mut builder = BundleBuilder::new(bundle_id, written_at_ms);
-            let mut pushes: Vec<Vec<u32>> = Vec::with_capacity(taken.len());
-            let mut collided = None;
-            'requests: for (at, request) in taken.iter().enumerate() {
-                let mut numbers = Vec::with_capacity(request.chunks.len());
-                for slot in request.slots() {
-                    match builder.push_parts(slot) {
-                        Ok(push) => numbers.push(push),
-                        Err(_) => {
-                            collided = Some(at);
-                            break 'requests;
-                        }
-                    }
-                }
-                pushes.push(numbers);
-            }
-            match collided {
-                Some(at) => deferred.push(taken.remove(at)),
-                None => break (builder.finish(), pushes),
+            match lay_out_bundle(&taken) {
+                Ok(laid) => break laid,
+                Err(at) => deferred.push(taken.remove(at)),
             }
         };
         self.pending_bytes =
@@ -779,41 +916,17 @@ impl Engine {
         // `taken` is never empty here (a cut needs pending requests, and a request alone
         // always lays out), but a layout of nothing is simply nothing to send.
         let Some(layout) = layout else { return };
-        let key: Arc<str> = format!("{}{}", self.key_prefix, layout.key()).into();
-        let slots: Vec<SlotParts<'_>> = taken.iter().flat_map(Accepted::slots).collect();
-        // The one copy: the store takes one contiguous body.
-        let body = layout.assemble(&slots);
-        drop(slots);
-        let mut chunks = 0u64;
-        let requests = taken
-            .into_iter()
-            .zip(pushes)
-            .map(|(request, numbers)| {
-                chunks += numbers.len() as u64;
-                let placements = numbers
-                    .iter()
-                    .map(|&push| {
-                        let entry = layout.entry_of(push);
-                        Placement {
-                            key: Arc::clone(&key),
-                            offset: entry.offset,
-                            length: u64::from(entry.len),
-                            stream_id: entry.stream_id,
-                            first_seq_num: entry.first_seq_num,
-                            record_count: entry.record_count,
-                        }
-                    })
-                    .collect();
-                (request, placements)
-            })
-            .collect();
-        let job = Job { key, body, requests, chunks };
+        let job = match Job::settled(taken, self.config.direct_settle_bytes_min) {
+            Ok(job) => job,
+            Err(taken) => Job::bundle(&self.key_prefix, &layout, taken, pushes),
+        };
         self.shared.counters.in_flight.fetch_add(1, Ordering::Relaxed);
         self.in_flight.spawn(upload(
             Arc::clone(&self.store),
             Arc::clone(&self.shared),
             self.config.backoff_initial,
             self.config.backoff_max,
+            self.key_prefix.clone(),
             job,
         ));
     }
@@ -876,25 +989,50 @@ async fn put_durably(
     }
 }
 
-/// Writes one bundle, retrying until it is durable (or refused for good), then answers
-/// its requests.
+/// Writes one bundle or settled object, retrying until it is durable (or refused for
+/// good), then answers its requests. A settled object that cannot be written (its key
+/// holds another object, or the store refuses it) goes out as a transit bundle instead.
 async fn upload(
     store: Arc<dyn ObjectStore>,
     shared: Arc<Shared>,
     backoff_initial: Duration,
     backoff_max: Duration,
-    job: Job,
+    key_prefix: String,
+    mut job: Job,
 ) {
     let started = Instant::now();
     let counters = &shared.counters;
-    let outcome =
-        put_durably(&*store, &shared, &job.key, &job.body, backoff_initial, backoff_max).await;
+    let put = |job: &Job| {
+        let (key, body) = (Arc::clone(&job.key), job.body.clone());
+        let (store, shared) = (Arc::clone(&store), Arc::clone(&shared));
+        async move { put_durably(&*store, &shared, &key, &body, backoff_initial, backoff_max).await }
+    };
+    let mut outcome = put(&job).await;
+    if job.settled
+        && let Err(reason) = &outcome
+    {
+        counters.direct_fallbacks.fetch_add(1, Ordering::Relaxed);
+        *lock(&shared.last_put_error) =
+            Some(format!("{}: {reason}; its chunks go in a transit bundle", job.key));
+        let requests: Vec<Accepted> =
+            job.requests.into_iter().map(|(request, _)| request).collect();
+        // One stream's chunks back to back never collide, and are never none.
+        let Ok((Some(layout), pushes)) = lay_out_bundle(&requests) else {
+            unreachable!("the slots of one settled object lay out in one bundle")
+        };
+        job = Job::bundle(&key_prefix, &layout, requests, pushes);
+        outcome = put(&job).await;
+    }
     counters.in_flight.fetch_sub(1, Ordering::Relaxed);
-    let Job { key, body, requests, chunks } = job;
+    let Job { key, body, requests, chunks, settled } = job;
     match outcome {
         Ok(()) => {
-            counters.bundles.fetch_add(1, Ordering::Relaxed);
-            counters.bundle_bytes.fetch_add(body.len() as u64, Ordering::Relaxed);
+            let (objects, bytes) = match settled {
+                true => (&counters.settled_direct, &counters.settled_direct_bytes),
+                false => (&counters.bundles, &counters.bundle_bytes),
+            };
+            objects.fetch_add(1, Ordering::Relaxed);
+            bytes.fetch_add(body.len() as u64, Ordering::Relaxed);
             counters.chunks.fetch_add(chunks, Ordering::Relaxed);
             counters.requests.fetch_add(requests.len() as u64, Ordering::Relaxed);
             {

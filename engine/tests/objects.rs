@@ -5,6 +5,8 @@
 //! - express history reaches the object store in the background, and the journal is
 //!   given up behind it: a node that lost its whole journal still reads every record;
 //! - history that left memory is read back from objects, after a restart too;
+//! - a stream that fills the uploader's cut alone is written straight into settled
+//!   objects of its own, which read back alike (docs/decisions/0010);
 //! - an object store that goes down mid-load (a proxy cutting every connection) backs
 //!   appends up, and when it returns everything acknowledged is there, once, in order.
 
@@ -22,6 +24,7 @@ use engine::ids::StreamId;
 use engine::names::{BucketName, StreamKey};
 use engine::node::{Client, NodeConfig, ObjectStoreConfig};
 use engine::options::StorageClass;
+use engine::settled::{SettledKey, SettledObject};
 use s3::testing::{Moto, Proxy};
 use s3::{ObjectStore, S3Config, TransferPolicy};
 
@@ -221,6 +224,82 @@ fn history_lives_in_objects(backend: Backend) {
         drop(client);
         node.stop();
     }
+}
+
+/// A stream busy enough to fill a bundle on its own: the uploader writes its chunks
+/// straight into settled objects of its own (one write per byte instead of two), which
+/// the settler leaves as they are, and every record reads back from them, after a
+/// restart without the journal too.
+fn a_busy_streams_bundles_are_its_settled_objects(backend: Backend) {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let mut config = node_config(dir.path(), &backend);
+    config.uploader.direct_settle_bytes_min = 64 << 10;
+    // Every append of the burst below lands in a cut or two.
+    config.uploader.bundle_delay = Duration::from_millis(300);
+    config.shard.memory_budget_bytes = 256 << 10;
+    config.shard.settle.age = Duration::from_secs(3600);
+    let mut bodies: Vec<Vec<u8>> =
+        (0..400).map(|i| format!("{i:05}-{}", "y".repeat(2000)).into_bytes()).collect();
+    let bucket = common::bucket("busy");
+    let (id, refs) = {
+        let node = start(config.clone());
+        let client = node.client();
+        make_bucket(&client, "busy", StorageClass::Express, true);
+        for (i, batch) in bodies.chunks(20).enumerate() {
+            let ack = append_patiently(&client, &bucket, &key("k"), batch).expect("append");
+            assert_eq!(ack.start.seq_num, 20 * i as u64);
+        }
+        let id = stream_id(&client, &bucket, &key("k"));
+        wait_until("every chunk referenced", || refs_cover(&client, id, 400));
+        let stats = block_on(client.stats()).expect("stats");
+        assert_eq!(stats[0].settled_objects, 0, "the settler rewrote nothing: {stats:?}");
+        assert_reads_back(&client, &bucket, &key("k"), &bodies);
+        let refs = block_on(client.control().refs_of(id)).expect("refs");
+        drop(client);
+        node.stop();
+        (id, refs)
+    };
+    // Most records are in the uploader's settled objects, each whole, each slot named by
+    // a ref (the last cut of the burst may be too small for one).
+    let settled: Vec<&RefRow> =
+        refs.iter().filter(|r| !r.object.starts_with("_transit/")).collect();
+    let records: u64 = settled.iter().map(|r| u64::from(r.record_count)).sum();
+    assert!(records >= 200, "{}: {records} of 400 records in settled objects", backend.name);
+    let store = open_store(&backend);
+    let runtime = tokio::runtime::Builder::new_current_thread().enable_all().build().expect("rt");
+    let mut objects: Vec<&str> = settled.iter().map(|r| r.object.as_str()).collect();
+    objects.dedup();
+    for object in objects {
+        let key = SettledKey::parse(object).expect("a settled object's key");
+        assert_eq!((&key.bucket, key.stream_id), (&bucket, id));
+        let bytes = runtime.block_on(store.get(object, s3::ByteRange::All)).expect("get");
+        let parsed = SettledObject::parse(&bytes).expect("a whole settled object");
+        let named = refs.iter().filter(|r| r.object == object).count();
+        assert_eq!(parsed.slots().len(), named, "{object}: every slot has its ref");
+    }
+    drop(store);
+    std::fs::remove_dir_all(dir.path().join("journal")).expect("remove the journal");
+    config.accept_journal_loss = true;
+    let node = start(config);
+    let client = node.client();
+    assert_reads_back(&client, &bucket, &key("k"), &bodies);
+    let more = block_on(client.append(&bucket, &key("k"), plain(&["z"])));
+    assert_eq!(more.expect("append").start.seq_num, 400, "numbering continues");
+    bodies.push(b"z".to_vec());
+    assert_reads_back(&client, &bucket, &key("k"), &bodies);
+    drop(client);
+    node.stop();
+}
+
+#[test]
+fn a_busy_streams_bundles_are_its_settled_objects_local() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    a_busy_streams_bundles_are_its_settled_objects(local(dir.path()));
+}
+
+#[test]
+fn a_busy_streams_bundles_are_its_settled_objects_s3() {
+    a_busy_streams_bundles_are_its_settled_objects(s3());
 }
 
 #[test]

@@ -1,7 +1,8 @@
 //! The uploader core against real object stores: chunks from many submitters land in
 //! transit bundles exactly once and where their placements say; bundles are cut by size
 //! and by delay; failed and slow PUTs are retried and no request is answered before its
-//! bundle is durable; and a soak of the glommio ↔ uploader bridge fails on a stall.
+//! bundle is durable; one stream's run alone becomes its settled object (or a bundle
+//! when its key is taken); and a soak of the glommio ↔ uploader bridge fails on a stall.
 
 use std::collections::{BTreeSet, HashMap, HashSet};
 use std::rc::Rc;
@@ -14,7 +15,7 @@ use engine::chunk::{ChunkBuilder, SealedChunk};
 use engine::ids::StreamId;
 use engine::loan::ChunkLoan;
 use engine::names::BucketName;
-use engine::settled::SettledBuilder;
+use engine::settled::{SettledBuilder, SettledKey, SettledObject};
 use engine::stream::ChunkSource;
 use engine::transit::{Bundle, Slot, SlotParts, TRANSIT_PREFIX};
 use engine::uploader::{SettledSlot, UploadChunk, Uploaded, Uploader, UploaderConfig};
@@ -375,6 +376,109 @@ fn the_settlers_slot_reads_are_verified_and_its_objects_assembled_by_the_uploade
         assert_eq!(Rc::strong_count(&chunk), 1, "the uploader gave the lent chunk back");
         let stored = rt.block_on(store.get(&settled_key, ByteRange::All)).expect("settled");
         assert_eq!(stored, expected);
+        uploader.stop();
+    });
+}
+
+/// The chunks of `sent`, each with `bucket`: the uploader may write them as a settled
+/// object.
+fn chunks_in(bucket: &str, sent: &Sent) -> Vec<UploadChunk> {
+    let bucket = BucketName::parse(bucket).expect("a valid bucket name");
+    chunks_of(sent)
+        .into_iter()
+        .map(|chunk| UploadChunk { bucket: Some(bucket.clone()), ..chunk })
+        .collect()
+}
+
+/// Every object's key under `prefix`.
+fn keys_under(rt: &tokio::runtime::Runtime, store: &dyn ObjectStore, prefix: &str) -> Vec<String> {
+    let page = rt.block_on(store.list(prefix, None, 1000)).expect("list");
+    assert!(page.next.is_none(), "one page is all");
+    page.objects.into_iter().map(|object| object.key).collect()
+}
+
+#[test]
+fn one_streams_run_goes_straight_into_its_settled_object() {
+    within_stall_limit(|| {
+        let dir = tempfile::tempdir().expect("tempdir");
+        let store = local_store(dir.path());
+        let config = UploaderConfig {
+            bundle_bytes_target: 1 << 20,
+            bundle_delay: Duration::from_millis(50),
+            direct_settle_bytes_min: 64 << 10,
+            ..UploaderConfig::default()
+        };
+        let uploader = Uploader::start(Arc::clone(&store), config, "cluster-a/").expect("start");
+        let rt = runtime();
+        let ours = stream(0, 0);
+        // Two requests of one stream in one cut, the later records first: one settled
+        // object, its slots in sequence order, each request answered in its own order.
+        let (early, late): (Sent, Sent) =
+            (vec![(ours, 0, 4, 10_000), (ours, 4, 2, 10_000)], vec![(ours, 6, 3, 10_000)]);
+        let (got_late, got_early) = block_on(futures_lite::future::zip(
+            uploader.upload(chunks_in("apps", &late)),
+            uploader.upload(chunks_in("apps", &early)),
+        ));
+        let (got_late, got_early) = (got_late.expect("uploaded"), got_early.expect("uploaded"));
+        check_answer(&rt, store.as_ref(), &early, &got_early);
+        check_answer(&rt, store.as_ref(), &late, &got_late);
+        let key = Arc::clone(&got_early.placements[0].key);
+        assert!(got_late.placements.iter().chain(&got_early.placements).all(|p| p.key == key));
+        let parsed = SettledKey::parse(&key).expect("a settled object's key");
+        assert_eq!(
+            (parsed.bucket.as_str(), parsed.stream_id, parsed.first_seq_num),
+            ("apps", ours, 0)
+        );
+        let whole = rt.block_on(store.get(&key, ByteRange::All)).expect("get");
+        let object = SettledObject::parse(&whole).expect("a settled object, whole");
+        let firsts: Vec<u64> = object.slots().iter().map(|s| s.envelope.first_seq_num).collect();
+        assert_eq!(firsts, [0, 4, 6]);
+        assert!(keys_under(&rt, store.as_ref(), "cluster-a/").is_empty(), "no transit bundle");
+        let stats = uploader.stats();
+        assert_eq!((stats.settled_direct, stats.bundles, stats.chunks), (1, 0, 3), "{stats:?}");
+        assert_eq!(stats.settled_direct_bytes, whole.len() as u64);
+
+        // The same run again (a retry after its refs failed): its own object, taken.
+        let again: Sent = early.iter().chain(&late).copied().collect();
+        let got = block_on(uploader.upload(chunks_in("apps", &again))).expect("uploaded");
+        check_answer(&rt, store.as_ref(), &again, &got);
+        assert!(got.placements.iter().all(|p| p.key == key), "the object it found");
+        assert_eq!(uploader.stats().direct_fallbacks, 0);
+
+        // Transit bundles: below the floor, two streams, and chunks without a bucket.
+        let small: Sent = vec![(ours, 9, 1, 10)];
+        let two: Sent = vec![(ours, 10, 4, 10_000), (stream(0, 1), 0, 4, 10_000)];
+        let unnamed: Sent = vec![(ours, 14, 8, 10_000)];
+        for (sent, chunks) in [
+            (&small, chunks_in("apps", &small)),
+            (&two, chunks_in("apps", &two)),
+            (&unnamed, chunks_of(&unnamed)),
+        ] {
+            let got = block_on(uploader.upload(chunks)).expect("uploaded");
+            check_answer(&rt, store.as_ref(), sent, &got);
+            assert!(got.placements[0].key.starts_with("cluster-a/_transit/"), "{sent:?}");
+        }
+        assert_eq!(uploader.stats().bundles, 3);
+
+        // Another object under the key the run would take (an orphan of an earlier
+        // attempt that laid out differently): the run goes out as a transit bundle, and
+        // the other object is left as it was.
+        let orphan = SettledKey {
+            bucket: BucketName::parse("apps").expect("valid"),
+            stream_id: ours,
+            first_seq_num: 22,
+        }
+        .to_string();
+        rt.block_on(store.put(&orphan, Bytes::from_static(b"not ours"), PutCondition::CreateOnly))
+            .expect("put the orphan");
+        let blocked: Sent = vec![(ours, 22, 8, 10_000)];
+        let got = block_on(uploader.upload(chunks_in("apps", &blocked))).expect("uploaded");
+        check_answer(&rt, store.as_ref(), &blocked, &got);
+        assert!(got.placements[0].key.starts_with("cluster-a/_transit/"));
+        let stats = uploader.stats();
+        assert_eq!((stats.direct_fallbacks, stats.settled_direct, stats.bundles), (1, 2, 4));
+        let left = rt.block_on(store.get(&orphan, ByteRange::All)).expect("get");
+        assert_eq!(&left[..], b"not ours");
         uploader.stop();
     });
 }

@@ -337,13 +337,31 @@ impl Metrics {
                 .enumerate()
                 .map(|(shard, stats)| (format!("shard=\"{shard}\""), &stats.journal_groups)),
         );
-        let node: [(&str, &str, &str, u64); 11] = [
+        let node: [(&str, &str, &str, u64); 14] = [
             ("nova_uploader_bundles_total", "counter", "transit bundles written", uploader.bundles),
             (
                 "nova_uploader_bundle_bytes_total",
                 "counter",
                 "bytes of transit bundles written",
                 uploader.bundle_bytes,
+            ),
+            (
+                "nova_uploader_settled_direct_total",
+                "counter",
+                "one stream's bundles written straight as its settled object",
+                uploader.settled_direct,
+            ),
+            (
+                "nova_uploader_settled_direct_bytes_total",
+                "counter",
+                "bytes of settled objects the uploader wrote straight",
+                uploader.settled_direct_bytes,
+            ),
+            (
+                "nova_uploader_direct_fallbacks_total",
+                "counter",
+                "settled objects the uploader could not write, sent as transit bundles instead",
+                uploader.direct_fallbacks,
             ),
             (
                 "nova_uploader_put_attempts_total",

@@ -315,6 +315,18 @@ pub const BUNDLE_DELAY_MS: Knob = Knob {
     reason: "a standard append waits this plus one PUT: 10 ms adds little to a PUT's own tens of milliseconds and still packs every chunk of a busy node's 10 ms into one object",
 };
 
+/// The smallest bundle of one stream's chunks alone written as its settled object.
+pub const DIRECT_SETTLE_BYTES_MIN: Knob = Knob {
+    flag: "direct-settle-bytes-min",
+    env: "NOVA_DIRECT_SETTLE_BYTES_MIN",
+    unit: Unit::Bytes,
+    default: 4 << 20,
+    min: 4 << 10,
+    max: 1 << 30,
+    help: "a bundle the uploader cuts from one stream's chunks alone, back to back by sequence number, of at least this many bytes, is written straight as that stream's settled object instead of a transit bundle (never rewritten later); set it above bundle-bytes-target to always write transit bundles",
+    reason: "a stream busy enough to fill a bundle on its own had every byte written to the store twice, into a transit bundle and again into its settled object; 4 MiB, the settle-early-bytes-min floor, keeps settled objects from being smaller than the early settles already make them",
+};
+
 /// Transit bundle PUTs in flight at once.
 pub const UPLOADS_IN_FLIGHT_MAX: Knob = Knob {
     flag: "uploads-in-flight-max",
@@ -629,6 +641,7 @@ pub const KNOBS: &[Knob] = &[
     JOURNAL_SYNCS_IN_FLIGHT_MAX,
     BUNDLE_BYTES_TARGET,
     BUNDLE_DELAY_MS,
+    DIRECT_SETTLE_BYTES_MIN,
     UPLOADS_IN_FLIGHT_MAX,
     OBJECT_READS_IN_FLIGHT_MAX,
     SHARD_UPLOADS_IN_FLIGHT_MAX,

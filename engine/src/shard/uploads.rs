@@ -32,6 +32,7 @@ use crate::error::{Error, Result};
 use crate::journal::{Journal, JournalBuffer, Location};
 use crate::loan::ChunkLoan;
 use crate::meta::RedbMetaStore;
+use crate::names::BucketName;
 use crate::stream::{ChunkSource, DurableChunk};
 use crate::uploader::{ChunkBody, Placement, UploadChunk, Uploader};
 
@@ -154,7 +155,9 @@ impl Shard {
             let (held_bytes, lsn, gathered) = (job.held_bytes(), job.lsn, job.gathered);
             let (uploader, control, journal) =
                 (self.uploader.clone(), self.control.clone(), Rc::clone(&self.journal));
-            let task = glommio::spawn_local(run(uploader, control, journal, job.chunks)).detach();
+            let buckets = self.buckets_of(&job.chunks);
+            let task =
+                glommio::spawn_local(run(uploader, control, journal, job.chunks, buckets)).detach();
             self.in_flight.borrow_mut().push_back(InFlight {
                 standard,
                 lsn,
@@ -164,6 +167,22 @@ impl Shard {
                 _permit: permit,
             });
             self.in_flight_changed.notify();
+        }
+    }
+
+    /// Each chunk's bucket, so the uploader may write a busy stream's chunks straight
+    /// into a settled object of its own. Not for chunks recovered from the journal: they
+    /// are read back only once the job runs, and are few, once per start.
+    fn buckets_of(&self, chunks: &JobChunks) -> Vec<Option<BucketName>> {
+        let streams = self.streams.borrow();
+        let bucket = |header: &ChunkHeader| {
+            let slot = streams.get(&header.stream_id)?;
+            BucketName::parse(&slot.bucket).ok()
+        };
+        match chunks {
+            JobChunks::Standard(chunks) => chunks.iter().map(|c| bucket(c.header())).collect(),
+            JobChunks::Journaled(chunks) => chunks.iter().map(|c| bucket(c.header())).collect(),
+            JobChunks::Recovered(locations) => vec![None; locations.len()],
         }
     }
 
@@ -316,12 +335,15 @@ const DEAD_BUNDLE_RETRIES: u32 = 16;
 /// and a mark refuses new refs to it (`ObjectDead`). A bundle whose refs took longer
 /// than that to land (a slow metadata write, a short `--auditor-interval-ms`) is such an
 /// object: its chunks then go to a new bundle, and the marked one is the auditor's to
-/// delete. Nothing was acknowledged from the first bundle, so nothing is lost.
+/// delete. Nothing was acknowledged from the first bundle, so nothing is lost. The same
+/// goes for a settled object the uploader wrote (`buckets`: each chunk's bucket, if it
+/// may go into one): its chunks then go to a bundle, since their object's key is marked.
 async fn run(
     uploader: Uploader,
     control: ControlPlane<RedbMetaStore>,
     journal: Rc<Journal>,
     chunks: JobChunks,
+    mut buckets: Vec<Option<BucketName>>,
 ) -> Result<Landed> {
     // Declared first, so dropped last: after every lent chunk of this job is back.
     let mut loans = Vec::new();
@@ -347,9 +369,11 @@ async fn run(
     };
     let mut rewrites = 0;
     loop {
-        let requests = chunks
-            .into_iter()
-            .map(|body| UploadChunk { body, leader_epoch: crate::uploader::LEADER_EPOCH });
+        let requests = chunks.into_iter().enumerate().map(|(i, body)| UploadChunk {
+            body,
+            leader_epoch: crate::uploader::LEADER_EPOCH,
+            bucket: buckets.get(i).cloned().flatten(),
+        });
         let uploaded = uploader.upload(requests.collect()).await?;
         let refs: Vec<RefRow> = uploaded
             .placements
@@ -382,6 +406,7 @@ async fn run(
             }
             Err(Error::ObjectDead { .. }) if rewrites < DEAD_BUNDLE_RETRIES => {
                 rewrites += 1;
+                buckets.clear();
                 chunks = uploaded.chunks;
             }
             Err(error) => return Err(error),
