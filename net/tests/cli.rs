@@ -500,6 +500,31 @@ fn a_refused_batch_says_which_lines_were_appended() {
     assert_eq!(read.lines().collect::<Vec<_>>(), said, "{stderr}");
 }
 
+/// Input whose `--batch` worth of lines is more than a batch may hold (100 MiB) goes in
+/// more than one batch, cut before the limit, and every line lands once, in order.
+#[test]
+fn append_cuts_a_batch_before_the_100_mib_limit() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    // Segments that take a batch of 100 MiB, as the default 256 MiB do (the test servers'
+    // 8 MiB take no express batch over 8 MiB).
+    let nova =
+        Nova::start_with(&dir.path().join("data"), &["--journal-segment-bytes", "128MiB"], &[]);
+    ok(&nova, &["bucket", "create", "big", "--create-on-append"], None);
+    // 101 records just under the 1 MiB record limit: 105 MB, over 100 MiB.
+    let lines: Vec<String> = (0..101).map(|i| format!("{i:03}{}", "x".repeat(1_040_000))).collect();
+    let input = lines.join("\n") + "\n";
+    assert!(input.len() as u64 > engine::limits::BATCH_BYTES_MAX);
+    let out = ok(&nova, &["--json", "append", "nova://big/s", "--batch", "1000"], Some(&input));
+    let acks: Vec<Value> =
+        out.lines().map(|line| serde_json::from_str(line).expect("one JSON ack a line")).collect();
+    let ends: Vec<u64> =
+        acks.iter().map(|ack| ack["end"]["seq_num"].as_u64().expect("an end")).collect();
+    assert_eq!(ends.len(), 2, "two batches: {out}");
+    assert!(ends[0] < 101 && ends[1] == 101, "{ends:?}");
+    let read = ok(&nova, &["read", "nova://big/s"], None);
+    assert!(read.lines().eq(lines.iter().map(String::as_str)), "every line once, in order");
+}
+
 /// A listing longer than a page (1000 buckets) is one list: one JSON document with
 /// `--json`, one line per bucket without.
 #[test]
