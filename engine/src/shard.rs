@@ -444,6 +444,8 @@ pub(crate) struct Shard {
     jobs_changed: Notify,
     in_flight: RefCell<VecDeque<InFlight>>,
     in_flight_changed: Notify,
+    /// The last job started: its refs have landed (or failed) once this says so.
+    last_refs: RefCell<Option<uploads::RefsLanded>>,
     upload_permits: Rc<glommio::sync::Semaphore>,
     /// Jobs queued and not yet applied.
     unapplied: Cell<usize>,
@@ -489,6 +491,7 @@ impl Shard {
             jobs_changed: Notify::new(),
             in_flight: RefCell::default(),
             in_flight_changed: Notify::new(),
+            last_refs: RefCell::default(),
             upload_permits: Rc::new(glommio::sync::Semaphore::new(permits)),
             unapplied: Cell::new(0),
             failed: RefCell::default(),

@@ -23,7 +23,8 @@
 //!   the same slots, so placements work alike, and the settler never rewrites it. If
 //!   that key holds another object (an orphan of an earlier attempt that differs), or
 //!   the store refuses it for good, the same chunks go out as a transit bundle
-//!   (docs/decisions/0010-direct-settled-objects.md).
+//!   (docs/decisions/0010-direct-settled-objects.md). Not with a key prefix: settled
+//!   keys have none.
 //! - A failed PUT is retried with capped exponential backoff and jitter for as long as
 //!   the uploader runs, under the same key, so a retry after a PUT that landed unseen
 //!   finds its own object (checked byte for byte) rather than writing a second one.
@@ -215,6 +216,10 @@ impl Placement {
 pub struct Uploaded {
     pub placements: Vec<Placement>,
     pub chunks: Vec<ChunkBody>,
+    /// The chunks went into a settled object of their stream, which may hold chunks of
+    /// other requests too: the refs of its first chunks must land no later than those
+    /// of its later ones (see `shard/uploads.rs`).
+    pub settled: bool,
 }
 
 /// A snapshot of the uploader's counters.
@@ -916,7 +921,13 @@ impl Engine {
         // `taken` is never empty here (a cut needs pending requests, and a request alone
         // always lays out), but a layout of nothing is simply nothing to send.
         let Some(layout) = layout else { return };
-        let job = match Job::settled(taken, self.config.direct_settle_bytes_min) {
+        // Settled keys take no prefix (the settler's neither): an uploader sharing its
+        // store under a prefix writes only transit bundles, under it.
+        let direct = match self.key_prefix.is_empty() {
+            true => Job::settled(taken, self.config.direct_settle_bytes_min),
+            false => Err(taken),
+        };
+        let job = match direct {
             Ok(job) => job,
             Err(taken) => Job::bundle(&self.key_prefix, &layout, taken, pushes),
         };
@@ -1044,7 +1055,7 @@ async fn upload(
             for (request, placements) in requests {
                 let chunks = request.chunks.into_iter().map(|c| c.body).collect();
                 // A submitter that gave up waiting no longer needs the answer.
-                let _ = request.reply.send(Ok(Uploaded { placements, chunks }));
+                let _ = request.reply.send(Ok(Uploaded { placements, chunks, settled }));
             }
         }
         Err(reason) => {

@@ -408,7 +408,7 @@ fn one_streams_run_goes_straight_into_its_settled_object() {
             direct_settle_bytes_min: 64 << 10,
             ..UploaderConfig::default()
         };
-        let uploader = Uploader::start(Arc::clone(&store), config, "cluster-a/").expect("start");
+        let uploader = Uploader::start(Arc::clone(&store), config.clone(), "").expect("start");
         let rt = runtime();
         let ours = stream(0, 0);
         // Two requests of one stream in one cut, the later records first: one settled
@@ -433,12 +433,13 @@ fn one_streams_run_goes_straight_into_its_settled_object() {
         let object = SettledObject::parse(&whole).expect("a settled object, whole");
         let firsts: Vec<u64> = object.slots().iter().map(|s| s.envelope.first_seq_num).collect();
         assert_eq!(firsts, [0, 4, 6]);
-        assert!(keys_under(&rt, store.as_ref(), "cluster-a/").is_empty(), "no transit bundle");
+        assert!(keys_under(&rt, store.as_ref(), "_transit/").is_empty(), "no transit bundle");
         let stats = uploader.stats();
         assert_eq!((stats.settled_direct, stats.bundles, stats.chunks), (1, 0, 3), "{stats:?}");
         assert_eq!(stats.settled_direct_bytes, whole.len() as u64);
 
-        // The same run again (a retry after its refs failed): its own object, taken.
+        // The same run again (a PUT retried after its answer was lost, as `put_durably`
+        // does): its own object, taken.
         let again: Sent = early.iter().chain(&late).copied().collect();
         let got = block_on(uploader.upload(chunks_in("apps", &again))).expect("uploaded");
         check_answer(&rt, store.as_ref(), &again, &got);
@@ -456,9 +457,18 @@ fn one_streams_run_goes_straight_into_its_settled_object() {
         ] {
             let got = block_on(uploader.upload(chunks)).expect("uploaded");
             check_answer(&rt, store.as_ref(), sent, &got);
-            assert!(got.placements[0].key.starts_with("cluster-a/_transit/"), "{sent:?}");
+            assert!(got.placements[0].key.starts_with("_transit/"), "{sent:?}");
         }
         assert_eq!(uploader.stats().bundles, 3);
+        // An uploader under a key prefix writes only transit bundles, under it (settled
+        // keys take no prefix).
+        let prefixed = Uploader::start(Arc::clone(&store), config, "cluster-a/").expect("start");
+        let run: Sent = vec![(ours, 30, 8, 10_000)];
+        let got = block_on(prefixed.upload(chunks_in("apps", &run))).expect("uploaded");
+        check_answer(&rt, store.as_ref(), &run, &got);
+        assert!(got.placements[0].key.starts_with("cluster-a/_transit/"));
+        assert_eq!(prefixed.stats().settled_direct, 0);
+        prefixed.stop();
 
         // Another object under the key the run would take (an orphan of an earlier
         // attempt that laid out differently): the run goes out as a transit bundle, and
@@ -474,7 +484,7 @@ fn one_streams_run_goes_straight_into_its_settled_object() {
         let blocked: Sent = vec![(ours, 22, 8, 10_000)];
         let got = block_on(uploader.upload(chunks_in("apps", &blocked))).expect("uploaded");
         check_answer(&rt, store.as_ref(), &blocked, &got);
-        assert!(got.placements[0].key.starts_with("cluster-a/_transit/"));
+        assert!(got.placements[0].key.starts_with("_transit/"));
         let stats = uploader.stats();
         assert_eq!((stats.direct_fallbacks, stats.settled_direct, stats.bundles), (1, 2, 4));
         let left = rt.block_on(store.get(&orphan, ByteRange::All)).expect("get");

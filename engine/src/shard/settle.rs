@@ -37,7 +37,10 @@
 //! the settled object and some still to their bundle. Either way every chunk stays
 //! readable; the next settle starts at the first chunk still in transit (its object's
 //! key then differs, so it never collides with the earlier one), and the auditor
-//! (retention issue) reclaims what no ref names.
+//! (retention issue) reclaims what no ref names. A key can still be taken by an object
+//! that is not the run's: an orphan of the uploader's own settled objects (decision
+//! 0010). Such a settle fails, and the stream is not planned again for a while that
+//! doubles with each failure in a row, until the auditor has reclaimed the orphan.
 //!
 //! Never here: a chunk that is not yet in the object store (journal only), a change to
 //! a stream's records or numbering, or an error that stops the shard (a failed settle is
@@ -61,6 +64,10 @@ use crate::uploader::{LEADER_EPOCH, SettledSlot};
 
 use super::ticker::Ticker;
 use super::{ObjectSlot, Shard, Slot, Stored};
+
+/// The longest wait, in settle intervals, before a stream whose settles keep failing is
+/// planned again (64 s at the default 1 s interval).
+const SETTLE_BACKOFF_INTERVALS_MAX: u64 = 64;
 
 /// When and how big to settle (`tuning`: settle-*).
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -120,6 +127,14 @@ impl Shard {
         // A tick whose settles overran the interval is followed at once (`Ticker`), so
         // the chunks that came in meanwhile are planned, and held, while still cached.
         let mut ticker = Ticker::new(self.config.settle.interval);
+        // Streams whose last settle failed: not planned again before the time given (ms),
+        // after a wait that doubles with each failure in a row, from one interval to
+        // SETTLE_BACKOFF_INTERVALS_MAX intervals. What fails for long is a run whose key
+        // holds another object until the auditor reclaims it (decision 0010), or a store
+        // that is down; neither is worth a full pass over the run every tick.
+        let mut backoff: HashMap<StreamId, (u64, u64)> = HashMap::new();
+        let interval_ms =
+            u64::try_from(self.config.settle.interval.as_millis()).unwrap_or(1).max(1);
         loop {
             ticker.tick().await;
             if self.closing.get() || self.failed.borrow().is_some() {
@@ -134,7 +149,15 @@ impl Shard {
             // Runs planned together are disjoint, so they settle independently; a stream
             // is planned again only after one of its settles succeeded, so a failing one
             // waits for the next tick.
-            let streams: Vec<Rc<Slot>> = self.streams.borrow().values().cloned().collect();
+            let now = self.now_ms();
+            backoff.retain(|id, _| self.streams.borrow().contains_key(id));
+            let streams: Vec<Rc<Slot>> = self
+                .streams
+                .borrow()
+                .iter()
+                .filter(|(id, _)| backoff.get(id).is_none_or(|&(until, _)| until <= now))
+                .map(|(_, slot)| Rc::clone(slot))
+                .collect();
             // The first plan is over every stream: it measures the backlog.
             let (mut due, oldest_ms) = self.due_runs(&streams, &leaving);
             let backlog = oldest_ms.map_or(0, |t| self.now_ms().saturating_sub(t));
@@ -149,8 +172,10 @@ impl Shard {
                 });
                 let mut progressed: Vec<Rc<Slot>> = Vec::new();
                 in_order(window, settles, |(slot, settled)| {
+                    let id = slot.leader.borrow().id();
                     match settled {
                         Ok(early) => {
+                            backoff.remove(&id);
                             self.count(|s| {
                                 s.settled_objects += 1;
                                 s.settled_early += u64::from(early);
@@ -159,7 +184,13 @@ impl Shard {
                                 progressed.push(slot);
                             }
                         }
-                        Err(_) => self.count(|s| s.settle_failures += 1),
+                        Err(_) => {
+                            self.count(|s| s.settle_failures += 1);
+                            let (_, wait) = backoff.get(&id).copied().unwrap_or((0, 0));
+                            let wait = (wait * 2)
+                                .clamp(interval_ms, interval_ms * SETTLE_BACKOFF_INTERVALS_MAX);
+                            backoff.insert(id, (self.now_ms() + wait, wait));
+                        }
                     }
                     // Closing: those in flight finish, no more start.
                     !self.closing.get()

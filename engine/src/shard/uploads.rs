@@ -108,6 +108,32 @@ impl Job {
     }
 }
 
+/// Signalled (its sender dropped) once a job's refs have landed or failed, and every
+/// earlier job's too.
+pub(crate) type RefsLanded = flume::Receiver<()>;
+
+/// A job's turn to write refs. A settled object the uploader wrote may hold chunks of
+/// several jobs (a busy stream's), and each job writes its own refs: if a later job's
+/// refs landed and an earlier one's did not (a crash between, or refs refused), the
+/// object's first chunks would go again, to a transit bundle, and their settle would
+/// meet the object under its own key, for good. So a job whose chunks are in a settled
+/// object writes its refs only once every earlier job's have landed or failed; a job's
+/// refs into a transit bundle (a random key) need no turn.
+pub(crate) struct RefsTurn {
+    before: Option<RefsLanded>,
+    _mine: flume::Sender<()>,
+}
+
+impl RefsTurn {
+    /// Waits until every earlier job's refs have landed or failed.
+    async fn wait(&mut self) {
+        if let Some(before) = self.before.take() {
+            // Disconnected is the signal: no message is ever sent.
+            let _ = before.recv_async().await;
+        }
+    }
+}
+
 /// One chunk of a finished job: where it landed, and its bytes to keep in memory when
 /// they came back in a buffer of their own (a lent express chunk stays in the journal
 /// buffer its leader already holds).
@@ -156,8 +182,16 @@ impl Shard {
             let (uploader, control, journal) =
                 (self.uploader.clone(), self.control.clone(), Rc::clone(&self.journal));
             let buckets = self.buckets_of(&job.chunks);
-            let task =
-                glommio::spawn_local(run(uploader, control, journal, job.chunks, buckets)).detach();
+            let (turn, landed) = flume::bounded(1);
+            let turn = RefsTurn { before: self.last_refs.replace(Some(landed)), _mine: turn };
+            let task = glommio::spawn_local(async move {
+                let mut turn = turn;
+                let landed = run(uploader, control, journal, job.chunks, buckets, &mut turn).await;
+                // Signalled (dropped) only once every earlier job's refs are done too.
+                turn.wait().await;
+                landed
+            })
+            .detach();
             self.in_flight.borrow_mut().push_back(InFlight {
                 standard,
                 lsn,
@@ -344,6 +378,7 @@ async fn run(
     journal: Rc<Journal>,
     chunks: JobChunks,
     mut buckets: Vec<Option<BucketName>>,
+    turn: &mut RefsTurn,
 ) -> Result<Landed> {
     // Declared first, so dropped last: after every lent chunk of this job is back.
     let mut loans = Vec::new();
@@ -390,6 +425,9 @@ async fn run(
                 length: placement.length,
             })
             .collect();
+        if uploaded.settled {
+            turn.wait().await;
+        }
         match control.put_refs(&refs).await {
             Ok(()) => {
                 let landed = uploaded.placements.into_iter().zip(uploaded.chunks).enumerate();
