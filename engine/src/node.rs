@@ -133,6 +133,10 @@ impl NodeConfig {
                 .expect("small"),
                 // The node sets it from `uploader` when it starts.
                 upload_job_bytes_max: tuning::BUNDLE_BYTES_TARGET.default,
+                // The node sets it from `auditor` when it starts.
+                refs_wait_max: std::time::Duration::from_millis(
+                    tuning::AUDITOR_INTERVAL_MS.default,
+                ),
                 settle: crate::shard::SettleConfig::default(),
                 retention_interval: std::time::Duration::from_millis(
                     tuning::RETENTION_INTERVAL_MS.default,
@@ -607,6 +611,7 @@ async fn run_shard(
     };
     let shard_config = ShardConfig {
         upload_job_bytes_max: config.uploader.bundle_bytes_target,
+        refs_wait_max: config.auditor.interval,
         ..config.shard.clone()
     };
     let shard = Shard::new(index, shard_config, control, clock, journal, uploader);

@@ -175,6 +175,11 @@ pub struct ShardConfig {
     /// Chunk bytes one upload request gathers from the queue at most: the uploader's
     /// bundle target (a request travels in one bundle), set by the node.
     pub upload_job_bytes_max: u64,
+    /// How long a job whose chunks went into a settled object of the uploader's waits
+    /// for earlier jobs' refs before it sends its chunks anew, to a bundle
+    /// (`uploads.rs`, `RefsTurn`): the auditor's interval, set by the node. An object
+    /// is marked dead only once seen unreferenced on two passes an interval apart.
+    pub refs_wait_max: Duration,
     /// The settling duty's target size, age and interval.
     pub settle: SettleConfig,
     /// How often age retention is applied (`retention-interval-ms`).

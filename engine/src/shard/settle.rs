@@ -39,7 +39,7 @@
 //! key then differs, so it never collides with the earlier one), and the auditor
 //! (retention issue) reclaims what no ref names. A key can still be taken by an object
 //! that is not the run's: an orphan of the uploader's own settled objects (decision
-//! 0010). Such a settle fails, and the stream is not planned again for a while that
+//! 0010). Such a settle fails, and the run is not planned again for a while that
 //! doubles with each failure in a row, until the auditor has reclaimed the orphan.
 //!
 //! Never here: a chunk that is not yet in the object store (journal only), a change to
@@ -50,7 +50,7 @@ use std::collections::{HashMap, VecDeque};
 use std::ops::Range;
 use std::rc::Rc;
 use std::sync::Arc;
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
 use crate::control::RefRow;
 use crate::error::{Error, Result};
@@ -67,7 +67,7 @@ use super::{ObjectSlot, Shard, Slot, Stored};
 
 /// The longest wait, in settle intervals, before a stream whose settles keep failing is
 /// planned again (64 s at the default 1 s interval).
-const SETTLE_BACKOFF_INTERVALS_MAX: u64 = 64;
+const SETTLE_BACKOFF_INTERVALS_MAX: u32 = 64;
 
 /// When and how big to settle (`tuning`: settle-*).
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -127,14 +127,15 @@ impl Shard {
         // A tick whose settles overran the interval is followed at once (`Ticker`), so
         // the chunks that came in meanwhile are planned, and held, while still cached.
         let mut ticker = Ticker::new(self.config.settle.interval);
-        // Streams whose last settle failed: not planned again before the time given (ms),
-        // after a wait that doubles with each failure in a row, from one interval to
-        // SETTLE_BACKOFF_INTERVALS_MAX intervals. What fails for long is a run whose key
-        // holds another object until the auditor reclaims it (decision 0010), or a store
-        // that is down; neither is worth a full pass over the run every tick.
-        let mut backoff: HashMap<StreamId, (u64, u64)> = HashMap::new();
-        let interval_ms =
-            u64::try_from(self.config.settle.interval.as_millis()).unwrap_or(1).max(1);
+        // Runs whose settle failed, by stream and first seq_num: not planned again before
+        // the instant given, after a wait that doubles with each failure of the run in a
+        // row, from one interval to SETTLE_BACKOFF_INTERVALS_MAX intervals. What fails for
+        // long is a run whose key holds another object until the auditor reclaims it
+        // (decision 0010), or a store that is down; neither is worth a pass over the run
+        // at every tick, and the stream's other runs go on meanwhile.
+        let mut backoff: HashMap<(StreamId, u64), (Instant, Duration)> = HashMap::new();
+        let interval = self.config.settle.interval.max(Duration::from_millis(1));
+        let longest = interval.saturating_mul(SETTLE_BACKOFF_INTERVALS_MAX);
         loop {
             ticker.tick().await;
             if self.closing.get() || self.failed.borrow().is_some() {
@@ -148,34 +149,32 @@ impl Shard {
             // settle-target-bytes a tick (32 MiB/s) pile up transit bundles without end.
             // Runs planned together are disjoint, so they settle independently; a stream
             // is planned again only after one of its settles succeeded, so a failing one
-            // waits for the next tick.
-            let now = self.now_ms();
-            backoff.retain(|id, _| self.streams.borrow().contains_key(id));
-            let streams: Vec<Rc<Slot>> = self
-                .streams
-                .borrow()
-                .iter()
-                .filter(|(id, _)| backoff.get(id).is_none_or(|&(until, _)| until <= now))
-                .map(|(_, slot)| Rc::clone(slot))
-                .collect();
+            // waits for the next tick, or its backoff.
+            let now = Instant::now();
+            // A run that stopped failing (settled by a later plan, trimmed) is forgotten
+            // once its wait is long over.
+            backoff.retain(|_, &mut (until, _)| now < until + longest);
+            let streams: Vec<Rc<Slot>> = self.streams.borrow().values().cloned().collect();
             // The first plan is over every stream: it measures the backlog.
-            let (mut due, oldest_ms) = self.due_runs(&streams, &leaving);
+            let (due, oldest_ms) = self.due_runs(&streams, &leaving);
             let backlog = oldest_ms.map_or(0, |t| self.now_ms().saturating_sub(t));
             self.count(|s| s.settle_backlog_ms = backlog);
+            let mut due = not_waiting(&backoff, now, due);
             while !due.is_empty() {
                 let settles = due.into_iter().map(|(slot, due)| {
                     let shard = Rc::clone(&self);
+                    let key = run_key(&slot, &due);
                     async move {
                         let settled = shard.settle_run(&slot, due.chunks).await;
-                        (slot, settled.map(|()| due.early))
+                        (slot, key, settled.map(|()| due.early))
                     }
                 });
                 let mut progressed: Vec<Rc<Slot>> = Vec::new();
-                in_order(window, settles, |(slot, settled)| {
-                    let id = slot.leader.borrow().id();
+                let mut failed = Vec::new();
+                in_order(window, settles, |(slot, key, settled)| {
                     match settled {
                         Ok(early) => {
-                            backoff.remove(&id);
+                            failed.retain(|k| *k != key);
                             self.count(|s| {
                                 s.settled_objects += 1;
                                 s.settled_early += u64::from(early);
@@ -186,10 +185,7 @@ impl Shard {
                         }
                         Err(_) => {
                             self.count(|s| s.settle_failures += 1);
-                            let (_, wait) = backoff.get(&id).copied().unwrap_or((0, 0));
-                            let wait = (wait * 2)
-                                .clamp(interval_ms, interval_ms * SETTLE_BACKOFF_INTERVALS_MAX);
-                            backoff.insert(id, (self.now_ms() + wait, wait));
+                            failed.push(key);
                         }
                     }
                     // Closing: those in flight finish, no more start.
@@ -199,7 +195,13 @@ impl Shard {
                 if self.closing.get() {
                     return;
                 }
-                due = self.due_runs(&progressed, &leaving).0;
+                let settled_at = Instant::now();
+                for key in failed {
+                    let wait =
+                        backoff.get(&key).map_or(interval, |&(_, wait)| (wait * 2).min(longest));
+                    backoff.insert(key, (settled_at + wait, wait));
+                }
+                due = not_waiting(&backoff, now, self.due_runs(&progressed, &leaving).0);
             }
         }
     }
@@ -410,6 +412,24 @@ impl Shard {
         }
         Ok(())
     }
+}
+
+/// The runs of `planned` not waiting out a backoff at `now`.
+fn not_waiting(
+    backoff: &HashMap<(StreamId, u64), (Instant, Duration)>,
+    now: Instant,
+    planned: Vec<(Rc<Slot>, Due)>,
+) -> Vec<(Rc<Slot>, Due)> {
+    let waits = |(slot, due): &(Rc<Slot>, Due)| {
+        backoff.get(&run_key(slot, due)).is_some_and(|&(until, _)| now < until)
+    };
+    planned.into_iter().filter(|run| !waits(run)).collect()
+}
+
+/// What a run's settle backoff is kept by: its stream and first seq_num (the key of
+/// the object it settles into).
+fn run_key(slot: &Slot, due: &Due) -> (StreamId, u64) {
+    (slot.leader.borrow().id(), due.chunks.first().map_or(0, |chunk| chunk.first_seq_num))
 }
 
 /// A cached chunk's transit slot: the chunk lent where it is, and the envelope the

@@ -108,8 +108,8 @@ impl Job {
     }
 }
 
-/// Signalled (its sender dropped) once a job's refs have landed or failed, and every
-/// earlier job's too.
+/// Says, once a job is done with its refs, whether they landed and every earlier job's
+/// did: a message if so, the sender dropped without one if not.
 pub(crate) type RefsLanded = flume::Receiver<()>;
 
 /// A job's turn to write refs. A settled object the uploader wrote may hold chunks of
@@ -117,19 +117,40 @@ pub(crate) type RefsLanded = flume::Receiver<()>;
 /// refs landed and an earlier one's did not (a crash between, or refs refused), the
 /// object's first chunks would go again, to a transit bundle, and their settle would
 /// meet the object under its own key, for good. So a job whose chunks are in a settled
-/// object writes its refs only once every earlier job's have landed or failed; a job's
-/// refs into a transit bundle (a random key) need no turn.
+/// object writes its refs only once every earlier job's have landed, and not at all if
+/// one failed (the shard has failed then); a job's refs into a transit bundle (a random
+/// key) need no turn.
 pub(crate) struct RefsTurn {
     before: Option<RefsLanded>,
-    _mine: flume::Sender<()>,
+    /// What `before` said, once heard.
+    earlier_landed: Option<bool>,
+    mine: flume::Sender<()>,
 }
 
 impl RefsTurn {
-    /// Waits until every earlier job's refs have landed or failed.
-    async fn wait(&mut self) {
-        if let Some(before) = self.before.take() {
-            // Disconnected is the signal: no message is ever sent.
-            let _ = before.recv_async().await;
+    fn new(before: Option<RefsLanded>, mine: flume::Sender<()>) -> Self {
+        RefsTurn { before, earlier_landed: None, mine }
+    }
+
+    /// Waits until every earlier job is done with its refs; whether they all landed.
+    async fn wait(&mut self) -> bool {
+        if let Some(landed) = self.earlier_landed {
+            return landed;
+        }
+        let landed = match self.before.take() {
+            Some(before) => before.recv_async().await.is_ok(),
+            None => true,
+        };
+        self.earlier_landed = Some(landed);
+        landed
+    }
+
+    /// Passes the turn on, once every earlier job is done: landed if this job's refs
+    /// and all earlier ones' did.
+    async fn pass(mut self, landed: bool) {
+        if self.wait().await && landed {
+            // The next job may be gone (a shard closing); nothing to tell then.
+            let _ = self.mine.send(());
         }
     }
 }
@@ -182,13 +203,13 @@ impl Shard {
             let (uploader, control, journal) =
                 (self.uploader.clone(), self.control.clone(), Rc::clone(&self.journal));
             let buckets = self.buckets_of(&job.chunks);
-            let (turn, landed) = flume::bounded(1);
-            let turn = RefsTurn { before: self.last_refs.replace(Some(landed)), _mine: turn };
+            let (mine, landed) = flume::bounded(1);
+            let mut turn = RefsTurn::new(self.last_refs.replace(Some(landed)), mine);
+            let wait_max = self.config.refs_wait_max;
             let task = glommio::spawn_local(async move {
-                let mut turn = turn;
-                let landed = run(uploader, control, journal, job.chunks, buckets, &mut turn).await;
-                // Signalled (dropped) only once every earlier job's refs are done too.
-                turn.wait().await;
+                let landed =
+                    run(uploader, control, journal, job.chunks, buckets, &mut turn, wait_max).await;
+                turn.pass(landed.is_ok()).await;
                 landed
             })
             .detach();
@@ -372,6 +393,9 @@ const DEAD_BUNDLE_RETRIES: u32 = 16;
 /// delete. Nothing was acknowledged from the first bundle, so nothing is lost. The same
 /// goes for a settled object the uploader wrote (`buckets`: each chunk's bucket, if it
 /// may go into one): its chunks then go to a bundle, since their object's key is marked.
+/// They go to a bundle too when their turn to write refs (`RefsTurn`) took longer than
+/// `wait_max`: the object went unreferenced long enough to be marked, and, were the wait
+/// longer still, deleted and unmarked.
 async fn run(
     uploader: Uploader,
     control: ControlPlane<RedbMetaStore>,
@@ -379,6 +403,7 @@ async fn run(
     chunks: JobChunks,
     mut buckets: Vec<Option<BucketName>>,
     turn: &mut RefsTurn,
+    wait_max: std::time::Duration,
 ) -> Result<Landed> {
     // Declared first, so dropped last: after every lent chunk of this job is back.
     let mut loans = Vec::new();
@@ -426,7 +451,19 @@ async fn run(
             })
             .collect();
         if uploaded.settled {
-            turn.wait().await;
+            let waiting = std::time::Instant::now();
+            if !turn.wait().await {
+                return Err(Error::internal(
+                    "an earlier upload job's refs failed, so this job's, which share a settled \
+                     object with them, were not written",
+                ));
+            }
+            if waiting.elapsed() > wait_max && rewrites < DEAD_BUNDLE_RETRIES {
+                rewrites += 1;
+                buckets.clear();
+                chunks = uploaded.chunks;
+                continue;
+            }
         }
         match control.put_refs(&refs).await {
             Ok(()) => {
@@ -467,6 +504,43 @@ mod tests {
         let record: Vec<u8> = std::iter::once(0).chain((0..body_len).map(|i| i as u8)).collect();
         builder.push_record(&record, 1).expect("sized to fit");
         Rc::new(builder.seal())
+    }
+
+    /// A job's turn comes once every earlier job is done with its refs, and says whether
+    /// they all landed: one failure is heard by every later job.
+    #[test]
+    fn a_turn_waits_for_every_earlier_job_and_hears_a_failure() {
+        let executor = LocalExecutorBuilder::new(Placement::Unbound).make().expect("executor");
+        executor.run(async {
+            let mut before = None;
+            let mut turns: Vec<RefsTurn> = (0..4)
+                .map(|_| {
+                    let (mine, landed) = flume::bounded(1);
+                    RefsTurn::new(before.replace(landed), mine)
+                })
+                .collect();
+            let (first, second) = (turns.remove(0), turns.remove(0));
+            let heard = Rc::new(std::cell::Cell::new(None));
+            let waiting = glommio::spawn_local({
+                let heard = Rc::clone(&heard);
+                async move {
+                    let mut second = second;
+                    heard.set(Some(second.wait().await));
+                    second
+                }
+            });
+            glommio::timer::sleep(std::time::Duration::from_millis(20)).await;
+            assert_eq!(heard.get(), None, "the second waits while the first is not done");
+            first.pass(true).await;
+            let second = waiting.await;
+            assert_eq!(heard.get(), Some(true), "the first landed");
+            second.pass(false).await;
+            let (mut third, fourth) = (turns.remove(0), turns.remove(0));
+            assert!(!third.wait().await, "the second failed");
+            third.pass(true).await;
+            let mut fourth = fourth;
+            assert!(!fourth.wait().await, "an earlier failure is heard by every later job");
+        });
     }
 
     #[test]
