@@ -50,6 +50,7 @@ use crate::journal::{
 use crate::latency::Latency;
 use crate::limits::{FENCING_TOKEN_BYTES_MAX, Limits};
 use crate::meta::RedbMetaStore;
+use crate::names::BucketName;
 use crate::notify::Notify;
 use crate::options::{StorageClass, StreamOptionsPatch};
 use crate::position::{Position, Tail};
@@ -318,7 +319,7 @@ pub enum Reply {
 
 /// A stream this shard leads, with what its waiters wait on.
 struct Slot {
-    bucket: String,
+    bucket: BucketName,
     key: String,
     leader: RefCell<ShardLeader>,
     /// Notified when the visible tail moves, and on deletion.
@@ -333,7 +334,7 @@ struct Slot {
 
 impl Slot {
     fn not_found(&self) -> Error {
-        Error::StreamNotFound { bucket: self.bucket.clone(), key: self.key.clone() }
+        Error::StreamNotFound { bucket: self.bucket.to_string(), key: self.key.clone() }
     }
 }
 
@@ -672,7 +673,7 @@ impl Shard {
             now_ms: self.now_ms(),
         });
         let slot = Rc::new(Slot {
-            bucket: current.bucket.to_string(),
+            bucket: current.bucket.clone(),
             key: current.key.to_string(),
             leader: RefCell::new(leader),
             changed: Notify::new(),

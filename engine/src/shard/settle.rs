@@ -56,7 +56,6 @@ use crate::control::RefRow;
 use crate::error::{Error, Result};
 use crate::ids::StreamId;
 use crate::loan::ChunkLoan;
-use crate::names::BucketName;
 use crate::settled::SettledBuilder;
 use crate::stream::ChunkSource;
 use crate::transit::{SLOT_ENVELOPE_LEN, SlotEnvelope, TransitKey};
@@ -301,8 +300,7 @@ impl Shard {
     /// Settles one run: fetch, lay out, PUT, rewrite refs, relocate.
     async fn settle_run(&self, slot: &Slot, run: Vec<Settling>) -> Result<()> {
         let id = slot.leader.borrow().id();
-        let bucket = BucketName::parse(&slot.bucket)
-            .map_err(|e| Error::internal(format!("stream's bucket {:?}: {e}", slot.bucket)))?;
+        let bucket = slot.bucket.clone();
         // A chunk still in the shard's cache is not read back: its slot is rebuilt from
         // memory, the envelope exactly as the uploader wrote it (same function, same
         // leader epoch), so the settled object is the same bytes either way and a

@@ -232,7 +232,7 @@ impl Shard {
         let streams = self.streams.borrow();
         let bucket = |header: &ChunkHeader| {
             let slot = streams.get(&header.stream_id)?;
-            BucketName::parse(&slot.bucket).ok()
+            Some(slot.bucket.clone())
         };
         match chunks {
             JobChunks::Standard(chunks) => chunks.iter().map(|c| bucket(c.header())).collect(),
