@@ -14,16 +14,17 @@
 //!                            prev_lsn + prev_crc (the chain), L, chunk HeaderCRC, CRC
 //! ```
 //!
-//! Group commit: [`Journal::write`] writes a group's entries concurrently, after the last
-//! group written, and returns once the writes completed; [`Journal::sync`] then issues one
-//! fdatasync per segment file the group touched (one, unless it rolls into the next
-//! segment) and returns the group durable once every group written before it is durable
-//! too. Groups are written one at a time, but the next may be written while earlier ones
-//! sync: the shard's flusher keeps up to `--journal-syncs-in-flight-max` syncing, so a
-//! group commit costs the longer of the write and the sync, not their sum. The last entry
-//! of a group carries the group-end flag, and recovery keeps a group only whole. A group's
-//! writes start only after the previous group's completed, so a crash leaves the log whole
-//! up to some group, then groups with holes, where the chain ends.
+//! Group commit: [`Journal::write`] submits a group's entries' writes concurrently, after
+//! the last group written, and returns once they are submitted; [`Journal::sync`] awaits
+//! them, then issues one fdatasync per segment file the group touched (one, unless it
+//! rolls into the next segment) and returns the group durable once every group written
+//! before it is durable too. Groups are submitted one at a time, but the next may be
+//! written while earlier ones are still being written or synced: the shard's flusher
+//! keeps up to `--journal-syncs-in-flight-max` groups in flight. The last entry of a
+//! group carries the group-end flag, and recovery keeps a group only whole. A crash may
+//! leave a torn group with whole ones after it; recovery's chain ends at the hole (it
+//! never skips one), and none of the groups after it was acknowledged, since a group is
+//! durable only once every earlier one is.
 //!
 //! Recovery ([`Journal::open`], `recovery.rs`) follows the chain from the first segment:
 //! each entry names its predecessor's position and envelope CRC, and is written in an
@@ -500,10 +501,13 @@ impl Journal {
     }
 
     /// Writes a non-empty group's entries, concurrently, after the last group written, and
-    /// returns once every write completed; nothing of it is durable until
-    /// [`Journal::sync`]. Groups are written one at a time (a second concurrent call is
-    /// refused), but a group may be written while earlier ones sync: that is the
-    /// journal's pipeline (`--journal-syncs-in-flight-max`).
+    /// returns once every write is submitted; [`Journal::sync`] awaits them, then makes
+    /// the group durable. Groups are submitted one at a time (a second concurrent call is
+    /// refused), but a group may be written while earlier ones are still being written
+    /// or synced: that is the journal's pipeline (`--journal-syncs-in-flight-max`). A
+    /// crash may then leave an earlier group torn and a later one whole; recovery stops at
+    /// the torn one, and the later one was never acknowledged (groups are durable in
+    /// write order).
     ///
     /// On any error the journal stops. Dropping the returned group unsynced stops it too.
     pub async fn write(&self, chunks: Vec<SealedChunk<JournalBuffer>>) -> Result<Written> {
@@ -556,20 +560,16 @@ impl Journal {
             }));
             written.push((chunk, Location { lsn: slot.lsn, chunk_len }));
         }
-        let mut failure = None;
-        for ((write, (_, location)), slot) in writes.into_iter().zip(&written).zip(&slots) {
-            let expected = location.entry_len();
-            let outcome = match write.await {
-                Ok(n) if n as u64 == expected => continue,
-                Ok(n) => format!("short write of {n} of {expected} bytes"),
-                Err(message) => message,
-            };
-            let path = self.segment_path(slot.segment_start);
-            failure.get_or_insert(JournalError::Io { op: "writing", path, message: outcome });
-        }
-        if let Some(error) = failure {
-            return Err(self.stop(error).into());
-        }
+        let writes: Vec<PendingWrite> = writes
+            .into_iter()
+            .zip(&written)
+            .zip(&slots)
+            .map(|((task, (_, location)), slot)| PendingWrite {
+                task,
+                expected: location.entry_len(),
+                segment_start: slot.segment_start,
+            })
+            .collect();
         let tail = tail.expect("a non-empty group has a last entry");
         let mut files: Vec<(u64, Rc<DmaFile>)> = Vec::new();
         for slot in &slots {
@@ -587,6 +587,7 @@ impl Journal {
         guard.finish();
         Ok(Written {
             ticket,
+            writes,
             entries: written,
             files,
             tail,
@@ -603,6 +604,19 @@ impl Journal {
     /// unless it and everything before it is durable: on any error the journal stops, and
     /// recovery keeps a group only if every entry of it reached the disk.
     pub async fn sync(&self, mut group: Written) -> Result<Vec<Appended>> {
+        let mut failure = None;
+        for PendingWrite { task, expected, segment_start } in std::mem::take(&mut group.writes) {
+            let outcome = match task.await {
+                Ok(n) if n as u64 == expected => continue,
+                Ok(n) => format!("short write of {n} of {expected} bytes"),
+                Err(message) => message,
+            };
+            let path = self.segment_path(segment_start);
+            failure.get_or_insert(JournalError::Io { op: "writing", path, message: outcome });
+        }
+        if let Some(error) = failure {
+            return Err(self.stop(error).into());
+        }
         for (segment_start, file) in &group.files {
             self.state.borrow_mut().stats.fdatasyncs += 1;
             let path = self.segment_path(*segment_start);
@@ -892,6 +906,9 @@ impl Drop for WriteGuard<'_> {
 pub struct Written {
     /// Its place in write order: groups become durable in this order.
     ticket: u64,
+    /// Its entries' writes, submitted and maybe not complete: [`Journal::sync`] awaits
+    /// them before its fdatasync.
+    writes: Vec<PendingWrite>,
     entries: Vec<Appended>,
     /// The segment files it touched, each once, with their start.
     files: Vec<(u64, Rc<DmaFile>)>,
@@ -912,6 +929,14 @@ impl Drop for Written {
             self.published.notify();
         }
     }
+}
+
+/// One entry's O_DIRECT write in flight, and what it must write.
+struct PendingWrite {
+    task: glommio::Task<std::result::Result<usize, String>>,
+    expected: u64,
+    /// The segment it writes into (named only if it fails).
+    segment_start: u64,
 }
 
 /// Checks an entry read back at `location`: its envelope, then the chunk.

@@ -255,6 +255,29 @@ fn a_tail_cut_short_mid_entry_is_cut_at_the_last_whole_entry() {
     });
 }
 
+/// Groups' writes overlap (a group is written while the one before is still being
+/// written), so a crash can leave a torn group with a whole one after it. Recovery stops
+/// at the torn one; the whole one after it, never acknowledged (groups are durable in
+/// write order), never comes back, not even once new entries are written over the hole.
+#[test]
+fn a_whole_group_after_a_torn_one_never_comes_back() {
+    run(|dir| async move {
+        let (locations, segments) = three_groups(&dir).await;
+        // The second group's entry is torn past its first block; the third reached disk.
+        zero(&dir, &segments, locations[1].lsn + BLOCK, locations[1].entry_len() - BLOCK);
+        let (journal, recovery) = open(&dir).await;
+        assert_eq!(recovered(&recovery), locations[..1]);
+        assert_eq!(recovery.head, locations[1].lsn);
+        // A shorter entry where the torn one was: the third group's bytes lie past it.
+        let next = append(&journal, vec![chunk(&journal, 5, 2, 10)]).await;
+        assert_eq!(next[0].lsn, locations[1].lsn);
+        assert!(next[0].end() < locations[2].lsn, "the third group lies beyond the new entry");
+        journal.close().await.expect("close");
+        let (_, recovery) = open(&dir).await;
+        assert_eq!(recovered(&recovery), [locations[0], next[0]], "{:?}", recovery.end);
+    });
+}
+
 #[test]
 fn a_segment_file_shorter_than_its_last_entry_is_cut_there() {
     run(|dir| async move {
@@ -549,7 +572,8 @@ fn writes_are_one_at_a_time_and_a_dropped_one_stops_the_journal() {
             let (journal, group) = (Rc::clone(&journal), vec![chunk(&journal, 0, 5, 100)]);
             async move { journal.append(group).await.map(|appended| appended.len()) }
         });
-        // Let the first append submit its writes and wait on them.
+        // Let the first append start (it awaits its segment's creation, holding the
+        // journal's one writer).
         glommio::executor().yield_task_queue_now().await;
         let second = journal.append(vec![chunk(&journal, 5, 1, 1)]).await;
         assert!(matches!(second, Err(Error::Journal(JournalError::WriteInFlight))), "{second:?}");
@@ -590,6 +614,13 @@ fn groups_written_while_others_sync_become_durable_in_write_order() {
             let journal = Rc::clone(&journal);
             async move { journal.sync(second).await.map(|appended| appended.len()) }
         });
+        // Its writes complete first (a sync awaits them), then its fdatasync.
+        for _ in 0..10_000 {
+            if journal.stats().fdatasyncs >= 1 {
+                break;
+            }
+            glommio::timer::sleep(std::time::Duration::from_millis(1)).await;
+        }
         for _ in 0..100 {
             glommio::executor().yield_task_queue_now().await;
         }
