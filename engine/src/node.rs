@@ -133,10 +133,8 @@ impl NodeConfig {
                 .expect("small"),
                 // The node sets it from `uploader` when it starts.
                 upload_job_bytes_max: tuning::BUNDLE_BYTES_TARGET.default,
-                // The node sets it from `auditor` when it starts.
-                refs_wait_max: std::time::Duration::from_millis(
-                    tuning::AUDITOR_INTERVAL_MS.default,
-                ),
+                // The node lowers it to `auditor.interval` when it starts.
+                refs_wait_max: std::time::Duration::MAX,
                 settle: crate::shard::SettleConfig::default(),
                 retention_interval: std::time::Duration::from_millis(
                     tuning::RETENTION_INTERVAL_MS.default,
@@ -611,7 +609,7 @@ async fn run_shard(
     };
     let shard_config = ShardConfig {
         upload_job_bytes_max: config.uploader.bundle_bytes_target,
-        refs_wait_max: config.auditor.interval,
+        refs_wait_max: config.shard.refs_wait_max.min(config.auditor.interval),
         ..config.shard.clone()
     };
     let shard = Shard::new(index, shard_config, control, clock, journal, uploader);

@@ -178,8 +178,9 @@ pub struct ShardConfig {
     pub upload_job_bytes_max: u64,
     /// How long a job whose chunks went into a settled object of the uploader's waits
     /// for earlier jobs' refs before it sends its chunks anew, to a bundle
-    /// (`uploads.rs`, `RefsTurn`): the auditor's interval, set by the node. An object
-    /// is marked dead only once seen unreferenced on two passes an interval apart.
+    /// (`uploads.rs`, `RefsTurn`): at most the auditor's interval (the node takes the
+    /// smaller). An object is marked dead only once seen unreferenced on two passes an
+    /// interval apart.
     pub refs_wait_max: Duration,
     /// The settling duty's target size, age and interval.
     pub settle: SettleConfig,

@@ -298,6 +298,36 @@ fn a_busy_streams_bundles_are_its_settled_objects(backend: Backend) {
     node.stop();
 }
 
+/// A job whose refs into a settled object waited longer than their bound for the turn
+/// (`refs_wait_max`: by then the auditor may have marked the object) sends its chunks
+/// anew, to a transit bundle, and nothing is lost: with a bound of zero, every object the
+/// uploader wrote is left unreferenced and every record reads back from bundles.
+#[test]
+fn refs_that_waited_too_long_go_to_a_bundle_instead() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let mut config = node_config(dir.path(), &local(dir.path()));
+    config.uploader.direct_settle_bytes_min = 64 << 10;
+    config.uploader.bundle_delay = Duration::from_millis(300);
+    config.shard.refs_wait_max = Duration::ZERO;
+    config.shard.settle.age = Duration::from_secs(3600);
+    let bodies: Vec<Vec<u8>> =
+        (0..200).map(|i| format!("{i:05}-{}", "y".repeat(2000)).into_bytes()).collect();
+    let node = start(config);
+    let client = node.client();
+    let bucket = make_bucket(&client, "late", StorageClass::Express, true);
+    for batch in bodies.chunks(20) {
+        append_patiently(&client, &bucket, &key("k"), batch).expect("append");
+    }
+    let id = stream_id(&client, &bucket, &key("k"));
+    wait_until("every chunk referenced", || refs_cover(&client, id, 200));
+    let refs = block_on(client.control().refs_of(id)).expect("refs");
+    assert!(refs.iter().all(|r| r.object.starts_with("_transit/")), "{refs:?}");
+    assert!(client.uploader_stats().settled_direct >= 1, "the uploader wrote settled objects");
+    assert_reads_back(&client, &bucket, &key("k"), &bodies);
+    drop(client);
+    node.stop();
+}
+
 #[test]
 fn a_busy_streams_bundles_are_its_settled_objects_local() {
     let dir = tempfile::tempdir().expect("tempdir");

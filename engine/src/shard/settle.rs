@@ -64,7 +64,7 @@ use crate::uploader::{LEADER_EPOCH, SettledSlot};
 use super::ticker::Ticker;
 use super::{ObjectSlot, Shard, Slot, Stored};
 
-/// The longest wait, in settle intervals, before a stream whose settles keep failing is
+/// The longest wait, in settle intervals, before a run whose settles keep failing is
 /// planned again (64 s at the default 1 s interval).
 const SETTLE_BACKOFF_INTERVALS_MAX: u32 = 64;
 
@@ -169,11 +169,10 @@ impl Shard {
                     }
                 });
                 let mut progressed: Vec<Rc<Slot>> = Vec::new();
-                let mut failed = Vec::new();
                 in_order(window, settles, |(slot, key, settled)| {
                     match settled {
                         Ok(early) => {
-                            failed.retain(|k| *k != key);
+                            backoff.remove(&key);
                             self.count(|s| {
                                 s.settled_objects += 1;
                                 s.settled_early += u64::from(early);
@@ -184,7 +183,10 @@ impl Shard {
                         }
                         Err(_) => {
                             self.count(|s| s.settle_failures += 1);
-                            failed.push(key);
+                            let wait = backoff
+                                .get(&key)
+                                .map_or(interval, |&(_, wait)| (wait * 2).min(longest));
+                            backoff.insert(key, (Instant::now() + wait, wait));
                         }
                     }
                     // Closing: those in flight finish, no more start.
@@ -193,12 +195,6 @@ impl Shard {
                 .await;
                 if self.closing.get() {
                     return;
-                }
-                let settled_at = Instant::now();
-                for key in failed {
-                    let wait =
-                        backoff.get(&key).map_or(interval, |&(_, wait)| (wait * 2).min(longest));
-                    backoff.insert(key, (settled_at + wait, wait));
                 }
                 due = not_waiting(&backoff, now, self.due_runs(&progressed, &leaving).0);
             }

@@ -450,6 +450,9 @@ async fn run(
                 length: placement.length,
             })
             .collect();
+        // A settled object's refs wait for their turn; one that waited longer than
+        // `wait_max` may be marked dead by now, and its chunks go anew, as below.
+        let mut waited_too_long = false;
         if uploaded.settled {
             let waiting = std::time::Instant::now();
             if !turn.wait().await {
@@ -458,34 +461,31 @@ async fn run(
                      object with them, were not written",
                 ));
             }
-            if waiting.elapsed() > wait_max && rewrites < DEAD_BUNDLE_RETRIES {
-                rewrites += 1;
-                buckets.clear();
-                chunks = uploaded.chunks;
-                continue;
+            waited_too_long = waiting.elapsed() > wait_max && rewrites < DEAD_BUNDLE_RETRIES;
+        }
+        if !waited_too_long {
+            match control.put_refs(&refs).await {
+                Ok(()) => {
+                    let landed = uploaded.placements.into_iter().zip(uploaded.chunks).enumerate();
+                    let landed = landed.map(|(i, (placement, body))| {
+                        let header = *body.header();
+                        let bytes = match body {
+                            ChunkBody::Owned(chunk) => Some(Rc::new(chunk) as Rc<dyn ChunkSource>),
+                            // A journaled job lends every chunk, in order.
+                            ChunkBody::Lent(_) => kept_in_memory(&loans[i]),
+                        };
+                        LandedChunk { placement, header, bytes }
+                    });
+                    return Ok(landed.collect());
+                }
+                Err(Error::ObjectDead { .. }) if rewrites < DEAD_BUNDLE_RETRIES => {}
+                Err(error) => return Err(error),
             }
         }
-        match control.put_refs(&refs).await {
-            Ok(()) => {
-                let landed = uploaded.placements.into_iter().zip(uploaded.chunks).enumerate();
-                let landed = landed.map(|(i, (placement, body))| {
-                    let header = *body.header();
-                    let bytes = match body {
-                        ChunkBody::Owned(chunk) => Some(Rc::new(chunk) as Rc<dyn ChunkSource>),
-                        // A journaled job lends every chunk, in order.
-                        ChunkBody::Lent(_) => kept_in_memory(&loans[i]),
-                    };
-                    LandedChunk { placement, header, bytes }
-                });
-                return Ok(landed.collect());
-            }
-            Err(Error::ObjectDead { .. }) if rewrites < DEAD_BUNDLE_RETRIES => {
-                rewrites += 1;
-                buckets.clear();
-                chunks = uploaded.chunks;
-            }
-            Err(error) => return Err(error),
-        }
+        // Anew, to a transit bundle under a new key, never to the marked object.
+        rewrites += 1;
+        buckets.clear();
+        chunks = uploaded.chunks;
     }
 }
 
