@@ -157,8 +157,8 @@ pub enum Error {
     EmptyHeaderName { index: u32, header: u32 },
 
     /// A fencing token longer than allowed.
-    #[error("fencing token is {len} bytes, over the limit of {limit}")]
-    FencingTokenTooLong { len: usize, limit: usize },
+    #[error("{field} is {len} bytes, over the limit of {limit} for a fencing token")]
+    FencingTokenTooLong { field: &'static str, len: usize, limit: usize },
 
     /// A fencing token that is not UTF-8.
     #[error("fencing token is not valid UTF-8")]
@@ -572,7 +572,11 @@ mod tests {
                 &["record 2 header 5", "empty name"],
             ),
             (
-                Error::FencingTokenTooLong { len: 37, limit: FENCING_TOKEN_BYTES_MAX },
+                Error::FencingTokenTooLong {
+                    field: "fencing_token",
+                    len: 37,
+                    limit: FENCING_TOKEN_BYTES_MAX,
+                },
                 Code::InvalidArgument,
                 &["fencing token", "37", "36"],
             ),

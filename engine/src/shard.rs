@@ -723,6 +723,7 @@ impl Shard {
             && token.len() > FENCING_TOKEN_BYTES_MAX
         {
             return Err(Error::FencingTokenTooLong {
+                field: "fencing_token",
                 len: token.len(),
                 limit: FENCING_TOKEN_BYTES_MAX,
             });
@@ -1203,6 +1204,7 @@ impl Shard {
         token: String,
         expected: Option<String>,
     ) -> Result<Tail> {
+        crate::control::check_fence_tokens(&token, expected.as_deref())?;
         slot.leader.borrow().check_fence(expected.as_deref())?;
         let id = slot.leader.borrow().id();
         // Durable first: a fence that returned must survive a crash.

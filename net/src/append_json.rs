@@ -52,6 +52,7 @@ pub fn append_request(body: &[u8], encoding: Encoding) -> Result<AppendRequest, 
         && token.len() > FENCING_TOKEN_BYTES_MAX
     {
         return Err(ApiError::from_engine(&engine::Error::FencingTokenTooLong {
+            field: "fencing_token",
             len: token.len(),
             limit: FENCING_TOKEN_BYTES_MAX,
         }));

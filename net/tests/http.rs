@@ -1701,9 +1701,12 @@ fn limits_at_their_edges_and_policies_over_http() {
 
     // Fencing tokens set by Fence: 36 bytes.
     let fence = |n: usize| format!(r#"{{"fencing_token":"{}"}}"#, "f".repeat(n));
-    refused("POST", "/v1/streams/lim/s/fence", &fence(37), &["fencing token", "36"]);
+    refused("POST", "/v1/streams/lim/s/fence", &fence(37), &["fencing_token", "36"]);
     nova.ok("POST", "/v1/streams/lim/s/fence", Some(&fence(36)), 200);
     let fenced_by = "f".repeat(36);
+    // An expected token over the limit is refused as too long, not as a mismatch.
+    let expected = format!(r#"{{"fencing_token":"g","expected":"{}"}}"#, "e".repeat(37));
+    refused("POST", "/v1/streams/lim/s/fence", &expected, &["expected", "36"]);
 
     // Headers per record: 100.
     let with_headers = |n: usize| {

@@ -726,12 +726,7 @@ impl<S: MetaStore> ControlPlane<S> {
         expected: Option<&str>,
         fencing_token: &str,
     ) -> Result<StreamRecord> {
-        if fencing_token.len() > FENCING_TOKEN_BYTES_MAX {
-            return Err(Error::FencingTokenTooLong {
-                len: fencing_token.len(),
-                limit: FENCING_TOKEN_BYTES_MAX,
-            });
-        }
+        check_fence_tokens(fencing_token, expected)?;
         for _ in 0..ATTEMPTS_MAX {
             let (row, version) = self.live_stream(id).await?;
             if let Some(expected) = expected
@@ -1105,6 +1100,24 @@ fn page_limit(limit: Option<u64>) -> Result<u32> {
 
 fn bucket_record(row: BucketRow) -> BucketRecord {
     BucketRecord { name: row.name, config: row.config, created_at_ms: row.created_at_ms }
+}
+
+/// A Fence's tokens within the limit (limits.md: 36 bytes), the new one and the one
+/// expected: checked before either is compared with the stream's (decisions.md: limits
+/// first).
+pub(crate) fn check_fence_tokens(fencing_token: &str, expected: Option<&str>) -> Result<()> {
+    for (field, token) in [("fencing_token", Some(fencing_token)), ("expected", expected)] {
+        if let Some(token) = token
+            && token.len() > FENCING_TOKEN_BYTES_MAX
+        {
+            return Err(Error::FencingTokenTooLong {
+                field,
+                len: token.len(),
+                limit: FENCING_TOKEN_BYTES_MAX,
+            });
+        }
+    }
+    Ok(())
 }
 
 fn stream_record(row: StreamRow, version: Revision) -> StreamRecord {

@@ -883,7 +883,12 @@ fn fencing_token_and_trim_watermark() {
     );
     assert_eq!(
         block_on(control.set_fencing_token(id, None, &"t".repeat(37))),
-        Err(Error::FencingTokenTooLong { len: 37, limit: 36 })
+        Err(Error::FencingTokenTooLong { field: "fencing_token", len: 37, limit: 36 })
+    );
+    // An expected token over the limit is refused as such, before any comparison.
+    assert_eq!(
+        block_on(control.set_fencing_token(id, Some(&"t".repeat(37)), "writer-3")),
+        Err(Error::FencingTokenTooLong { field: "expected", len: 37, limit: 36 })
     );
     assert!(block_on(control.set_fencing_token(id, None, &"t".repeat(36))).is_ok());
 
