@@ -5,7 +5,8 @@
 
 use std::collections::VecDeque;
 use std::io::{BufRead, Write};
-use std::time::Duration;
+use std::sync::mpsc::RecvTimeoutError;
+use std::time::{Duration, Instant};
 
 use serde_json::{Value, json};
 
@@ -427,13 +428,26 @@ impl Session {
     /// Prints an answer: JSON as is with `--json`, else `people`.
     fn show(&self, value: &Value, people: impl FnOnce(&Value) -> String) {
         if self.json {
-            println!("{value}");
+            print_line(value);
         } else {
             let text = people(value);
             if !text.is_empty() {
-                println!("{text}");
+                print_line(text);
             }
         }
+    }
+}
+
+/// Prints a line of an answer on stdout. A reader that closed it (`nova ... | head`)
+/// took what it wanted: the command goes on (an append appends the rest of its input)
+/// and the line is dropped, where `println!` would end it in a panic. Any other failure
+/// to write is told on stderr.
+fn print_line(line: impl std::fmt::Display) {
+    match writeln!(std::io::stdout().lock(), "{line}") {
+        Err(error) if error.kind() != std::io::ErrorKind::BrokenPipe => {
+            eprintln!("nova: writing to stdout failed: {error}");
+        }
+        _ => {}
     }
 }
 
@@ -889,12 +903,46 @@ const APPEND_IN_FLIGHT_MAX: usize = 8;
 const APPEND_BATCH_DEFAULT: u64 = 1000;
 /// The largest `--batch` (limits.md: a batch holds at most this many records).
 const APPEND_BATCH_MAX: u64 = engine::limits::BATCH_RECORDS_MAX as u64;
+/// How long `nova append` fills a batch before sending it, full or not: lines from a
+/// producer that writes now and then (`tail -f app.log | nova append ...`) go out
+/// within this, not when a batch fills.
+const APPEND_LINGER: Duration = Duration::from_millis(100);
+/// Input lines read ahead of the batch being filled.
+const APPEND_LINES_AHEAD: usize = 4096;
+
+/// One input line of `nova append` (without its end of line), or the read's failure.
+type InputLine = std::io::Result<Vec<u8>>;
+
+/// Reads stdin on a thread of its own, so that `append` can send a partial batch when
+/// the input pauses. The channel ends at the end of the input; the thread ends there,
+/// or at exit when the process stops reading earlier.
+fn stdin_lines() -> std::sync::mpsc::Receiver<InputLine> {
+    let (tx, rx) = std::sync::mpsc::sync_channel(APPEND_LINES_AHEAD);
+    std::thread::spawn(move || {
+        let mut input = std::io::stdin().lock();
+        loop {
+            let mut line = Vec::new();
+            let read = match input.read_until(b'\n', &mut line) {
+                Ok(0) => return,
+                Ok(_) => Ok(line),
+                Err(error) => Err(error),
+            };
+            let failed = read.is_err();
+            if tx.send(read).is_err() || failed {
+                return;
+            }
+        }
+    });
+    rx
+}
 
 /// `nova append`: stdin lines become records, `--batch` per batch (cut sooner to stay
-/// within the 100 MiB batch limit), pipelined on one append session; a progress line on
-/// stderr when it is a terminal. A refused batch ends it: nothing more is sent, and the
-/// failure names the lines appended before the refused batch and those pipelined behind
-/// it that landed anyway, so a resend takes exactly what did not land.
+/// within the 100 MiB batch limit, or when the input pauses for [`APPEND_LINGER`]),
+/// pipelined on one append session; a progress line on
+/// stderr when it is a terminal. A failed batch ends it: nothing more is sent, and the
+/// failure names the lines appended before it, whether it was refused (nothing of it
+/// landed) or its outcome is unknown (the connection failed: it may have landed), and
+/// what became of each batch pipelined behind it, so a resend takes what did not land.
 fn append(session: &Session, address: &Address, args: &Args) -> Outcome {
     let batch_records = args.number("batch")?.unwrap_or(APPEND_BATCH_DEFAULT);
     if !(1..=APPEND_BATCH_MAX).contains(&batch_records) {
@@ -924,9 +972,7 @@ fn append(session: &Session, address: &Address, args: &Args) -> Outcome {
     let mut appender =
         session.client.append_session(address, APPEND_IN_FLIGHT_MAX).map_err(failed)?;
     let mut progress = Progress::start();
-    let stdin = std::io::stdin();
-    let mut input = stdin.lock();
-    let mut line = Vec::new();
+    let input = stdin_lines();
     let mut batch = Batch::new();
     let mut lines_read = 0u64;
     // The input lines of each batch in flight, in order: its first line and how many.
@@ -940,15 +986,17 @@ fn append(session: &Session, address: &Address, args: &Args) -> Outcome {
         if let Some(ack) = answers.take(ack.result, first_line, lines) {
             progress.acked(answers.appended);
             if session.json {
-                println!(
-                    "{}",
-                    json!({"start": position(ack.start), "end": position(ack.end), "tail": position(ack.tail)})
+                print_line(
+                    json!({"start": position(ack.start), "end": position(ack.end), "tail": position(ack.tail)}),
                 );
             }
         }
     };
-    // Sends the batch; its lines end at `last_line`.
-    let mut send = |batch: &mut Batch, sent: &mut VecDeque<(u64, u64)>, last_line: u64| {
+    // Sends the batch (its lines end at `last_line`); the answers already in.
+    let mut send = |appender: &mut client::AppendSession,
+                    batch: &mut Batch,
+                    sent: &mut VecDeque<(u64, u64)>,
+                    last_line: u64| {
         let conditions = Conditions { match_seq_num, fencing_token: fencing_token.clone() };
         appender.submit(batch, &conditions).map_err(failed)?;
         let lines = batch.len() as u64;
@@ -958,35 +1006,52 @@ fn append(session: &Session, address: &Address, args: &Args) -> Outcome {
         batch.clear();
         Ok::<_, Failure>(std::iter::from_fn(|| appender.try_recv()).collect::<Vec<_>>())
     };
+    // When the batch being filled took its first line.
+    let mut filling_since: Option<Instant> = None;
     loop {
-        line.clear();
-        let read = input
-            .read_until(b'\n', &mut line)
-            .map_err(|e| Failure::Failed(format!("reading stdin: {e}")))?;
         let mut answered = Vec::new();
-        if read > 0 {
-            progress.read(read as u64);
+        let wait =
+            filling_since.map_or(APPEND_LINGER, |t| APPEND_LINGER.saturating_sub(t.elapsed()));
+        let (line, ended) = match input.recv_timeout(wait) {
+            Ok(line) => {
+                (Some(line.map_err(|e| Failure::Failed(format!("reading stdin: {e}")))?), false)
+            }
+            Err(RecvTimeoutError::Timeout) => (None, false),
+            Err(RecvTimeoutError::Disconnected) => (None, true),
+        };
+        if let Some(line) = line {
+            progress.read(line.len() as u64);
             let body = line.strip_suffix(b"\n").unwrap_or(&line);
             let body = body.strip_suffix(b"\r").unwrap_or(body);
             // Cut before the batch would pass the batch limit of 100 MiB (counted in
             // stored bytes, a little more than content), whatever --batch says.
             let room = engine::limits::BATCH_BYTES_MAX as usize;
             if !batch.is_empty() && batch.stored_bytes() + body.len() + header_bytes > room {
-                answered.extend(send(&mut batch, &mut sent, lines_read)?);
+                answered.extend(send(&mut appender, &mut batch, &mut sent, lines_read)?);
             }
             lines_read += 1;
             batch
                 .push(&headers, body)
                 .map_err(|e| usage_error(format!("line {lines_read}: {e}")))?;
+            let since = *filling_since.get_or_insert_with(Instant::now);
+            if batch.len() as u64 == batch_records || since.elapsed() >= APPEND_LINGER {
+                answered.extend(send(&mut appender, &mut batch, &mut sent, lines_read)?);
+            }
+        } else {
+            // The input paused or ended: what it gave so far goes out now.
+            if !batch.is_empty() {
+                answered.extend(send(&mut appender, &mut batch, &mut sent, lines_read)?);
+            }
+            answered.extend(std::iter::from_fn(|| appender.try_recv()));
         }
-        if (batch.len() as u64 == batch_records || read == 0) && !batch.is_empty() {
-            answered.extend(send(&mut batch, &mut sent, lines_read)?);
+        if batch.is_empty() {
+            filling_since = None;
         }
         for ack in answered {
             take(ack, &mut sent, &mut progress, &mut answers);
         }
-        // Nothing more is sent after a refusal (what is in flight is still answered).
-        if read == 0 || answers.refused.is_some() {
+        // Nothing more is sent after a failure (what is in flight is still answered).
+        if ended || answers.refused.is_some() {
             break;
         }
     }
@@ -1003,8 +1068,9 @@ struct Answers {
     /// Records appended before any refusal.
     appended: u64,
     last: Option<client::Ack>,
-    /// The first batch refused: its first input line, its lines, the error.
-    refused: Option<(u64, u64, String)>,
+    /// The first batch that failed: its first input line, its lines, and the error,
+    /// with whether it may have landed anyway.
+    refused: Option<(u64, u64, client::Error)>,
     /// What became of each batch sent after it.
     after: Vec<String>,
     /// The last input line of the batches answered.
@@ -1031,10 +1097,11 @@ impl Answers {
                 "lines {first_line}-{last_line} were appended after them, at seq_num {}..{}",
                 ack.start.seq_num, ack.end.seq_num
             )),
-            (Err(error), None) => self.refused = Some((first_line, lines, error.to_string())),
-            (Err(error), Some(_)) => {
-                self.after.push(format!("lines {first_line}-{last_line} failed too: {error}"));
-            }
+            (Err(error), None) => self.refused = Some((first_line, lines, error)),
+            (Err(error), Some(_)) => self.after.push(format!(
+                "lines {first_line}-{last_line} {}: {error}",
+                if error.outcome_unknown() { "may or may not have landed" } else { "failed too" }
+            )),
         }
         None
     }
@@ -1043,10 +1110,17 @@ impl Answers {
         if let Some((first_line, lines, error)) = self.refused {
             // Batches pipelined behind the refused one may have landed: say which, so
             // that a resend takes exactly what did not.
+            let what = if error.outcome_unknown() {
+                "may or may not have been appended (check the stream's tail before resending \
+                 them)"
+            } else {
+                "were not appended"
+            };
             let mut message = format!(
-                "lines {first_line}-{} were not appended: {error}; the {} before them were",
+                "lines {first_line}-{} {what}: {error}; {} before them {}",
                 first_line + lines - 1,
-                counted(self.appended, "record")
+                counted(self.appended, "record"),
+                if self.appended == 1 { "was" } else { "were" }
             );
             for after in &self.after {
                 message.push_str("; ");
@@ -1060,11 +1134,11 @@ impl Answers {
             Failure::Failed("nothing to append: the input had no records".to_owned())
         })?;
         if !json {
-            println!(
+            print_line(format_args!(
                 "appended {}; {}",
                 counted(self.appended, "record"),
                 tail_text(&position(last.tail))
-            );
+            ));
         }
         Ok(())
     }
@@ -1083,8 +1157,8 @@ fn position(position: client::Position) -> Value {
 /// records acknowledged, bytes read (of the input's size when stdin is a file), rate.
 struct Progress {
     shown: bool,
-    started: std::time::Instant,
-    last_drawn: std::time::Instant,
+    started: Instant,
+    last_drawn: Instant,
     read_bytes: u64,
     total_bytes: Option<u64>,
     acked: u64,
@@ -1093,7 +1167,7 @@ struct Progress {
 impl Progress {
     fn start() -> Self {
         use std::io::IsTerminal as _;
-        let now = std::time::Instant::now();
+        let now = Instant::now();
         let total_bytes = std::fs::metadata("/dev/stdin")
             .ok()
             .filter(std::fs::Metadata::is_file)
@@ -1120,7 +1194,7 @@ impl Progress {
     }
 
     fn draw(&mut self) {
-        self.last_drawn = std::time::Instant::now();
+        self.last_drawn = Instant::now();
         let seconds = self.started.elapsed().as_secs_f64().max(1e-3);
         let rate = self.acked as f64 / seconds;
         let bar = match self.total_bytes.filter(|t| *t > 0) {
@@ -1233,8 +1307,9 @@ enum Printed {
     ReaderGone,
 }
 
-/// A record for people (its body, as is) or as JSON (`--json`: text when UTF-8, else
-/// `body_base64`; nova never alters a byte).
+/// A record for people (its body, as is) or as JSON (`--json`, a JSON object a line: the
+/// body as text when UTF-8, else `body_base64`; the headers as text when every name and
+/// value is UTF-8, else `headers_base64`; nova never alters a byte).
 fn print_records(session: &Session, records: &[Record]) -> Result<Printed, Failure> {
     use base64::Engine as _;
     let mut out = std::io::stdout().lock();
@@ -1249,12 +1324,18 @@ fn print_records(session: &Session, records: &[Record]) -> Result<Printed, Failu
                         json!(base64::engine::general_purpose::STANDARD.encode(&record.body));
                 }
             }
-            let headers: Vec<Value> = record
-                .headers
-                .iter()
-                .map(|(n, v)| json!([String::from_utf8_lossy(n), String::from_utf8_lossy(v)]))
-                .collect();
-            value["headers"] = json!(headers);
+            // Headers as text when every name and value is UTF-8, else all in base64.
+            let texts: Option<Vec<Value>> =
+                record.headers.iter().map(|(n, v)| Some(json!([text(n)?, text(v)?]))).collect();
+            match texts {
+                Some(headers) => value["headers"] = json!(headers),
+                None => {
+                    let base64 = |bytes| base64::engine::general_purpose::STANDARD.encode(bytes);
+                    let headers: Vec<Value> =
+                        record.headers.iter().map(|(n, v)| json!([base64(n), base64(v)])).collect();
+                    value["headers_base64"] = json!(headers);
+                }
+            }
             writeln!(out, "{value}")
         } else {
             out.write_all(&record.body).and_then(|()| out.write_all(b"\n"))
@@ -1323,7 +1404,58 @@ fn read(session: &Session, address: &Address, args: &Args) -> Outcome {
 
 #[cfg(test)]
 mod tests {
-    use super::{duration_ms, size_bytes, time_ms};
+    use super::{Answers, Failure, client, duration_ms, size_bytes, time_ms};
+
+    fn ack(start: u64, end: u64) -> client::Result<client::Ack> {
+        let at = |seq_num| client::Position { seq_num, timestamp: 0 };
+        Ok(client::Ack { start: at(start), end: at(end), tail: at(end) })
+    }
+
+    fn failure(answers: Answers) -> String {
+        match answers.outcome(false) {
+            Err(Failure::Failed(message)) => message,
+            Ok(()) | Err(Failure::Usage(_)) => panic!("not a failed call"),
+        }
+    }
+
+    /// A batch whose connection failed may have landed: the failure says so rather than
+    /// "not appended", which would invite a resend that lands twice; a refusal says
+    /// "not appended", and what became of each batch behind it.
+    #[test]
+    fn an_append_failure_tells_a_refusal_from_an_unknown_outcome() {
+        let lost = || client::Error::Io {
+            what: "append session".into(),
+            error: std::io::Error::from(std::io::ErrorKind::ConnectionReset),
+        };
+        let refused = || {
+            client::Error::Api(client::ApiError {
+                status: 400,
+                code: "invalid_argument".into(),
+                message: "record 0 is over the record limit".into(),
+                body: serde_json::Value::Null,
+                retry_after_seconds: None,
+            })
+        };
+        let mut answers = Answers::default();
+        assert!(answers.take(ack(0, 2), 1, 2).is_some());
+        assert!(answers.take(Err(lost()), 3, 1).is_none());
+        assert!(answers.take(Err(lost()), 4, 2).is_none());
+        let message = failure(answers);
+        assert!(message.starts_with("lines 3-3 may or may not have been appended"), "{message}");
+        assert!(message.contains("2 records before them were"), "{message}");
+        assert!(message.contains("lines 4-5 may or may not have landed"), "{message}");
+
+        let mut answers = Answers::default();
+        assert!(answers.take(ack(0, 1), 1, 1).is_some());
+        assert!(answers.take(Err(refused()), 2, 1).is_none());
+        assert!(answers.take(ack(1, 2), 3, 1).is_none());
+        assert!(answers.take(Err(refused()), 4, 1).is_none());
+        let message = failure(answers);
+        assert!(message.starts_with("lines 2-2 were not appended"), "{message}");
+        assert!(message.contains("1 record before them was"), "{message}");
+        assert!(message.contains("lines 3-3 were appended after them, at seq_num 1..2"));
+        assert!(message.contains("lines 4-4 failed too"), "{message}");
+    }
 
     #[test]
     fn durations_need_a_unit_and_errors_name_the_flag() {

@@ -8,7 +8,9 @@
 //! - Appends and reads speak the binary framing (`application/x-nova-records`) by
 //!   default, JSON with [`Format::Json`].
 //! - [`AppendSession`]: batches pipelined on one keep-alive connection (a writer and a
-//!   reader thread, at most `in_flight_max` unacknowledged), acknowledgements in order.
+//!   reader thread, at most `in_flight_max` unacknowledged), acknowledgements in order;
+//!   the server answers a connection's requests one at a time, so the pipelining saves
+//!   the round trip between batches, and more throughput takes more sessions.
 //! - [`Subscription`]: an iterator over a subscription, binary framing by default, SSE on
 //!   request.
 //! - Retries only what is safe: reads, metadata reads, and appends that carry
@@ -88,6 +90,17 @@ impl Error {
         match self {
             Error::Api(api) => Some(&api.code),
             _ => None,
+        }
+    }
+
+    /// Whether a failed append may still have landed: the connection failed, or the
+    /// answer was not one the API gives, or the server failed inside (`internal`,
+    /// `unknown`). Every other answered error is a refusal: nothing of the batch landed.
+    pub fn outcome_unknown(&self) -> bool {
+        match self {
+            Error::Io { .. } | Error::Protocol(_) => true,
+            Error::Api(api) => matches!(api.code.as_str(), "internal" | "unknown"),
+            Error::Invalid(_) => false,
         }
     }
 
@@ -315,21 +328,6 @@ impl Bucket {
             defaults: options_from_json(value, "default_", OptionScope::BucketDefaults)?,
             created_at_ms: value["created_at_ms"].as_u64(),
         })
-    }
-
-    /// Whether `stored` has this configuration, where this one sets a value.
-    fn matches(&self, stored: &Bucket) -> bool {
-        let d = &self.defaults;
-        let s = &stored.defaults;
-        let same = |want: Option<u64>, have: Option<u64>| want.is_none_or(|w| Some(w) == have);
-        self.location == stored.location
-            && self.create_on_append == stored.create_on_append
-            && self.create_on_read == stored.create_on_read
-            && d.class.is_none_or(|c| Some(c) == s.class)
-            && d.producer_policy.is_none_or(|p| Some(p) == s.producer_policy)
-            && d.timestamping_mode.is_none_or(|m| Some(m) == s.timestamping_mode)
-            && d.timestamping_uncapped.is_none_or(|u| Some(u) == s.timestamping_uncapped)
-            && option_numbers(d).iter().zip(option_numbers(s)).all(|(w, h)| same(*w, h))
     }
 }
 
@@ -958,14 +956,12 @@ impl Client {
         self.call_json("DELETE", &bucket_path(name), None).map(drop)
     }
 
-    /// Makes sure the bucket exists with this configuration: creates it, or updates the
-    /// one there when it differs where `bucket` sets a value. The bucket as stored.
+    /// Create-or-join (buckets.md): creates the bucket with this configuration, or joins
+    /// the one already there as it is, never changing what another tool configured. The
+    /// bucket as stored: a caller that needs a setting checks it there.
     pub fn ensure_bucket(&self, bucket: &Bucket) -> Result<Bucket> {
         match self.create_bucket(bucket, None) {
-            Err(error) if error.code() == Some("already_exists") => {
-                let stored = self.get_bucket(&bucket.name)?;
-                if bucket.matches(&stored) { Ok(stored) } else { self.update_bucket(bucket) }
-            }
+            Err(error) if error.code() == Some("already_exists") => self.get_bucket(&bucket.name),
             other => other,
         }
     }
