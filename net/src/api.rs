@@ -21,6 +21,7 @@ use engine::node::{Client, ServiceStop};
 use engine::shard::{AppendRequest, PlanRequest, ReadReply, ReadRequest, TrimTo};
 use engine::stream::{PageLimits, ReadStart};
 use engine::timestamp;
+use glommio::sync::StaticPermit;
 use http_body_util::BodyExt as _;
 use hyper::body::Incoming;
 use hyper::header::{self, HeaderValue};
@@ -44,7 +45,12 @@ const REQUEST_ID_BYTES_MAX: usize = 128;
 /// The server's settings, from `tuning` knobs.
 #[derive(Clone, Debug)]
 pub struct Settings {
+    /// An append body in the binary framing, at most.
     pub body_bytes_max: u64,
+    /// A JSON append body, at most.
+    pub json_body_bytes_max: u64,
+    /// Request body bytes one shard holds at once ([`Shared::body_memory`]).
+    pub body_memory_bytes: u64,
     /// The request target plus every header name and value, at most.
     pub head_bytes_max: u64,
     /// A connection with no request being answered, or whose client has taken no byte of
@@ -70,6 +76,9 @@ pub struct Shared {
     pub log_budget: LogBudget,
     /// None: auth is off (a loopback server without a root token).
     pub auth: Option<Arc<Auth>>,
+    /// Units of `settings.body_memory_bytes`: a request's body takes its bytes before
+    /// it is read, and gives them back when the request is done with it.
+    pub body_memory: Rc<glommio::sync::Semaphore>,
 }
 
 /// The largest body of a request other than an append (bucket and stream settings, a
@@ -90,9 +99,83 @@ const CONTROL_BODY_LIMIT: BodyLimit =
     BodyLimit { bytes: CONTROL_BODY_BYTES_MAX, name: "the limit of a body other than an append's" };
 
 impl Shared {
-    /// An append's body.
+    /// An append's body in the binary framing.
     fn append_body_limit(&self) -> BodyLimit {
         BodyLimit { bytes: self.settings.body_bytes_max, name: "--http-body-bytes-max" }
+    }
+
+    /// An append's JSON body.
+    fn json_append_body_limit(&self) -> BodyLimit {
+        BodyLimit { bytes: self.settings.json_body_bytes_max, name: "--http-json-body-bytes-max" }
+    }
+
+    /// Nothing of the shard's body memory yet, to hold a request's body with.
+    fn body_memory(&self) -> BodyMemory {
+        BodyMemory {
+            permits: Vec::new(),
+            bytes: 0,
+            metrics: Arc::clone(&self.metrics),
+            shard: self.shard,
+        }
+    }
+
+    /// Takes `bytes` more of the shard's body memory for `memory`, or refuses the
+    /// request: nothing waits while holding some, so no two requests can wait on each
+    /// other.
+    fn hold_body(&self, bytes: u64, memory: &mut BodyMemory) -> Result<(), ApiError> {
+        if bytes == 0 {
+            return Ok(());
+        }
+        match self.body_memory.try_acquire_static_permit(bytes) {
+            Ok(permit) => {
+                memory.permits.push(permit);
+                memory.bytes += bytes;
+                self.metrics.body_bytes_held(self.shard, bytes);
+                Ok(())
+            }
+            Err(_) => {
+                let limit = self.settings.body_memory_bytes;
+                let holding = limit - self.body_memory.available();
+                let mut error = ApiError::from_code(
+                    engine::Code::ResourceExhausted,
+                    format!(
+                        "this shard holds {holding} bytes of request bodies, and {bytes} more \
+                         would pass its limit of {limit} bytes (--http-body-memory-bytes); \
+                         retry shortly"
+                    ),
+                );
+                error.retry_after_seconds = Some(1);
+                Err(error)
+            }
+        }
+    }
+}
+
+/// A request body and the shard's body memory it holds.
+struct Held<T> {
+    body: T,
+    memory: BodyMemory,
+}
+
+/// What one request holds of its shard's body memory: given back when dropped.
+struct BodyMemory {
+    permits: Vec<StaticPermit>,
+    bytes: u64,
+    metrics: Arc<Metrics>,
+    shard: usize,
+}
+
+impl Drop for BodyMemory {
+    fn drop(&mut self) {
+        self.metrics.body_bytes_released(self.shard, self.bytes);
+    }
+}
+
+impl<T> std::ops::Deref for Held<T> {
+    type Target = T;
+
+    fn deref(&self) -> &T {
+        &self.body
     }
 }
 
@@ -622,18 +705,28 @@ pub fn accepts_binary_subscription(request: &Request<Incoming>) -> bool {
 
 /// The request body in one piece (joined, a copy, only if it came in several); see
 /// [`read_pieces`].
-async fn read_body(request: Request<Incoming>, limit: BodyLimit) -> Result<Bytes, ApiError> {
-    let mut pieces = read_pieces(request, limit).await?;
-    Ok(match pieces.len() {
+async fn read_body(
+    shared: &Shared,
+    request: Request<Incoming>,
+    limit: BodyLimit,
+) -> Result<Held<Bytes>, ApiError> {
+    let Held { body: mut pieces, memory } = read_pieces(shared, request, limit).await?;
+    let body = match pieces.len() {
         1 => pieces.pop().expect("one piece"),
         _ => pieces.concat().into(),
-    })
+    };
+    Ok(Held { body, memory })
 }
 
 /// The request body, in the pieces hyper read it in (never joined here), refused past
 /// the limit before it is held whole: from `Content-Length` at once, or as soon as the
-/// bytes read pass the limit.
-async fn read_pieces(request: Request<Incoming>, limit: BodyLimit) -> Result<Vec<Bytes>, ApiError> {
+/// bytes read pass the limit. Its bytes are taken from the shard's body memory first:
+/// all of them from `Content-Length` before any is read, else each piece as it comes.
+async fn read_pieces(
+    shared: &Shared,
+    request: Request<Incoming>,
+    limit: BodyLimit,
+) -> Result<Held<Vec<Bytes>>, ApiError> {
     let BodyLimit { bytes: limit, name } = limit;
     let too_large = |len: String| {
         ApiError::invalid(format!(
@@ -650,6 +743,9 @@ async fn read_pieces(request: Request<Incoming>, limit: BodyLimit) -> Result<Vec
     {
         return Err(too_large(len.to_string()));
     }
+    let mut memory = shared.body_memory();
+    // hyper holds the body to its Content-Length: no piece needs more.
+    shared.hold_body(declared.unwrap_or(0), &mut memory)?;
     let mut limited = http_body_util::Limited::new(
         request.into_body(),
         usize::try_from(limit).unwrap_or(usize::MAX),
@@ -658,7 +754,14 @@ async fn read_pieces(request: Request<Incoming>, limit: BodyLimit) -> Result<Vec
     while let Some(frame) = limited.frame().await {
         match frame {
             // Trailers, the only other kind of frame, carry nothing nova reads.
-            Ok(frame) => pieces.extend(frame.into_data().ok()),
+            Ok(frame) => {
+                if let Ok(piece) = frame.into_data() {
+                    if declared.is_none() {
+                        shared.hold_body(piece.len() as u64, &mut memory)?;
+                    }
+                    pieces.push(piece);
+                }
+            }
             Err(error) if error.is::<http_body_util::LengthLimitError>() => {
                 return Err(too_large("more than that".into()));
             }
@@ -667,7 +770,7 @@ async fn read_pieces(request: Request<Incoming>, limit: BodyLimit) -> Result<Vec
             }
         }
     }
-    Ok(pieces)
+    Ok(Held { body: pieces, memory })
 }
 
 // ---- Operations -----------------------------------------------------------------------
@@ -696,7 +799,7 @@ async fn list_buckets(shared: &Shared, request: &Request<Incoming>) -> Answer {
 }
 
 async fn create_bucket(shared: &Shared, bucket: &BucketName, request: Request<Incoming>) -> Answer {
-    let body = read_body(request, CONTROL_BODY_LIMIT).await?;
+    let body = read_body(shared, request, CONTROL_BODY_LIMIT).await?;
     let (config, token) = wire::bucket_create(&body)?;
     let created = shared.client.control().create_bucket(bucket, &config, token.as_deref()).await?;
     let status = if created.created { StatusCode::CREATED } else { StatusCode::OK };
@@ -708,7 +811,7 @@ async fn get_bucket(shared: &Shared, bucket: &BucketName) -> Answer {
 }
 
 async fn update_bucket(shared: &Shared, bucket: &BucketName, request: Request<Incoming>) -> Answer {
-    let body = read_body(request, CONTROL_BODY_LIMIT).await?;
+    let body = read_body(shared, request, CONTROL_BODY_LIMIT).await?;
     let config = wire::bucket_update(&body)?;
     ok(&wire::bucket_json(&shared.client.control().update_bucket(bucket, &config).await?))
 }
@@ -734,7 +837,7 @@ fn token_table(shared: &Shared) -> Result<&Auth, ApiError> {
 
 async fn issue_token(shared: &Shared, caller: &Caller, request: Request<Incoming>) -> Answer {
     let auth = token_table(shared)?;
-    let body = read_body(request, CONTROL_BODY_LIMIT).await?;
+    let body = read_body(shared, request, CONTROL_BODY_LIMIT).await?;
     let asked = wire::token_request(&body)?;
     let now = now_ms();
     let expires_at_ms = asked.expires_in_seconds.map(|seconds| now.saturating_add(seconds * 1000));
@@ -801,7 +904,7 @@ async fn create_stream(
     key: &StreamKey,
     request: Request<Incoming>,
 ) -> Answer {
-    let body = read_body(request, CONTROL_BODY_LIMIT).await?;
+    let body = read_body(shared, request, CONTROL_BODY_LIMIT).await?;
     let (options, token) = wire::stream_create(&body)?;
     let created =
         shared.client.control().create_stream(bucket, key, &options, token.as_deref()).await?;
@@ -820,7 +923,7 @@ async fn reconfigure(
     key: &StreamKey,
     request: Request<Incoming>,
 ) -> Answer {
-    let body = read_body(request, CONTROL_BODY_LIMIT).await?;
+    let body = read_body(shared, request, CONTROL_BODY_LIMIT).await?;
     let patch = wire::stream_patch(&body)?;
     ok(&wire::stream_json(&shared.client.reconfigure(bucket, key, patch).await?, None))
 }
@@ -841,14 +944,18 @@ async fn append(
     let binary = media_type(request.headers().get(header::CONTENT_TYPE)).as_deref()
         == Some(RECORDS_MEDIA_TYPE);
     let encoding = encoding(&request)?;
-    let append = if binary {
+    // The body's memory is held until the append is answered: the framed batch (or
+    // what the JSON was encoded into, no larger) is alive until then.
+    let (append, _memory) = if binary {
         // The framed batch goes to the engine as it came, in the pieces it was read in;
         // the engine validates it in place.
-        let pieces = read_pieces(request, shared.append_body_limit()).await?;
-        AppendRequest { framed: FramedBody::from_pieces(pieces), offered: None }
+        let Held { body, memory } =
+            read_pieces(shared, request, shared.append_body_limit()).await?;
+        (AppendRequest { framed: FramedBody::from_pieces(body), offered: None }, memory)
     } else {
-        let body = read_body(request, shared.append_body_limit()).await?;
-        crate::append_json::append_request(&body, encoding)?
+        let Held { body, memory } =
+            read_body(shared, request, shared.json_append_body_limit()).await?;
+        (crate::append_json::append_request(&body, encoding)?, memory)
     };
     let ack = shared.client.append(bucket, key, append).await?;
     ok(&json!({
@@ -1033,7 +1140,7 @@ async fn fence(
     key: &StreamKey,
     request: Request<Incoming>,
 ) -> Answer {
-    let body = read_body(request, CONTROL_BODY_LIMIT).await?;
+    let body = read_body(shared, request, CONTROL_BODY_LIMIT).await?;
     let object = wire::parse_body(&body, &["fencing_token", "expected"])?;
     let token = object
         .str("fencing_token")?
@@ -1050,7 +1157,7 @@ async fn trim(
     key: &StreamKey,
     request: Request<Incoming>,
 ) -> Answer {
-    let body = read_body(request, CONTROL_BODY_LIMIT).await?;
+    let body = read_body(shared, request, CONTROL_BODY_LIMIT).await?;
     let object = wire::parse_body(&body, &["seq_num", "timestamp"])?;
     let stamp = object.i64("timestamp")?.map(timestamp::clamp_to_stored);
     let to = match (object.u64("seq_num")?, stamp) {

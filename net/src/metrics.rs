@@ -21,13 +21,14 @@ struct ShardCounters {
     connections_closed_stalled: u64,
     requests_in_flight: u64,
     log_lines_suppressed: u64,
+    body_bytes_held: u64,
 }
 
 /// A shard's HTTP counter: name, help, Prometheus type, how to read it.
 type HttpCounter = (&'static str, &'static str, &'static str, fn(&ShardCounters) -> u64);
 
 /// The HTTP counters `/metrics` gives per shard.
-const HTTP_PER_SHARD: [HttpCounter; 6] = [
+const HTTP_PER_SHARD: [HttpCounter; 7] = [
     ("nova_http_connections_open", "HTTP connections open", "gauge", |c| c.connections_open),
     ("nova_http_connections_accepted_total", "HTTP connections accepted", "counter", |c| {
         c.connections_accepted
@@ -47,6 +48,12 @@ const HTTP_PER_SHARD: [HttpCounter; 6] = [
     ("nova_http_requests_in_flight", "HTTP requests being answered", "gauge", |c| {
         c.requests_in_flight
     }),
+    (
+        "nova_http_body_bytes_held",
+        "Request body bytes held (of --http-body-memory-bytes)",
+        "gauge",
+        |c| c.body_bytes_held,
+    ),
     (
         "nova_http_log_lines_suppressed_total",
         "Request log lines left out past --http-log-lines-per-second",
@@ -106,6 +113,18 @@ impl Metrics {
             c.connections_open += 1;
             c.connections_accepted += 1;
         });
+    }
+
+    /// A request took `bytes` of its shard's body memory.
+    pub fn body_bytes_held(&self, shard: usize, bytes: u64) {
+        self.with(shard, |c| c.body_bytes_held += bytes);
+    }
+
+    /// A request gave back `bytes` of its shard's body memory.
+    pub fn body_bytes_released(&self, shard: usize, bytes: u64) {
+        if bytes > 0 {
+            self.with(shard, |c| c.body_bytes_held = c.body_bytes_held.saturating_sub(bytes));
+        }
     }
 
     /// A request log line was left out (`--http-log-lines-per-second`).

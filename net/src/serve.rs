@@ -19,9 +19,11 @@ use crate::server::{self, ServerConfig};
 /// The HTTP server's knobs; the engine's are `engine::node::engine_knobs()` and the S3
 /// store's [`S3_KNOBS`]. Together they are every knob (`tuning::KNOBS`), and `nova serve`
 /// takes each as a flag.
-pub const HTTP_KNOBS: [Knob; 9] = [
+pub const HTTP_KNOBS: [Knob; 11] = [
     tuning::HTTP_CONNECTIONS_MAX,
     tuning::HTTP_BODY_BYTES_MAX,
+    tuning::HTTP_JSON_BODY_BYTES_MAX,
+    tuning::HTTP_BODY_MEMORY_BYTES,
     tuning::HTTP_HEAD_BYTES_MAX,
     tuning::HTTP_IDLE_TIMEOUT_MS,
     tuning::HTTP_LOG_SLOW_MS,
@@ -321,7 +323,22 @@ pub fn run(args: &[String]) -> Result<(), String> {
     let mut server_config = ServerConfig::new(listen);
     server_config.connections_max = knob(&flags, tuning::HTTP_CONNECTIONS_MAX)?;
     server_config.auth = auth;
-    server_config.settings.body_bytes_max = knob(&flags, tuning::HTTP_BODY_BYTES_MAX)?;
+    let settings = &mut server_config.settings;
+    settings.body_bytes_max = knob(&flags, tuning::HTTP_BODY_BYTES_MAX)?;
+    settings.json_body_bytes_max = knob(&flags, tuning::HTTP_JSON_BODY_BYTES_MAX)?;
+    settings.body_memory_bytes = knob(&flags, tuning::HTTP_BODY_MEMORY_BYTES)?;
+    for limit in [tuning::HTTP_BODY_BYTES_MAX, tuning::HTTP_JSON_BODY_BYTES_MAX] {
+        let bytes = knob(&flags, limit)?;
+        if settings.body_memory_bytes < bytes {
+            return Err(format!(
+                "--{} is {} bytes, below --{} ({bytes} bytes): a body at that limit could \
+                 never be taken; raise the first or lower the second",
+                tuning::HTTP_BODY_MEMORY_BYTES.flag,
+                settings.body_memory_bytes,
+                limit.flag
+            ));
+        }
+    }
     server_config.settings.head_bytes_max = knob(&flags, tuning::HTTP_HEAD_BYTES_MAX)?;
     server_config.settings.idle_timeout =
         Duration::from_millis(knob(&flags, tuning::HTTP_IDLE_TIMEOUT_MS)?);

@@ -54,6 +54,8 @@ impl ServerConfig {
             auth: None,
             settings: Settings {
                 body_bytes_max: tuning::HTTP_BODY_BYTES_MAX.default,
+                json_body_bytes_max: tuning::HTTP_JSON_BODY_BYTES_MAX.default,
+                body_memory_bytes: tuning::HTTP_BODY_MEMORY_BYTES.default,
                 head_bytes_max: tuning::HTTP_HEAD_BYTES_MAX.default,
                 idle_timeout: Duration::from_millis(tuning::HTTP_IDLE_TIMEOUT_MS.default),
                 log_slow: Duration::from_millis(tuning::HTTP_LOG_SLOW_MS.default),
@@ -160,6 +162,7 @@ async fn serve_shard(
         next_request: Cell::new(0),
         log_budget: api::LogBudget::default(),
         auth: config.auth.clone(),
+        body_memory: Rc::new(Semaphore::new(config.settings.body_memory_bytes)),
     });
     let permits = Rc::new(Semaphore::new(config.connections_max));
     loop {

@@ -515,16 +515,48 @@ fn throughput_cap_answers_resource_exhausted_with_retry_after(nova: &Nova) {
     assert!(retry >= 1);
 }
 
-/// The shared servers run with `--http-body-bytes-max 1MiB`.
+/// The shared servers run with `--http-body-bytes-max 1MiB` (the binary framing) and
+/// `--http-json-body-bytes-max 4MiB`.
 fn request_bodies_over_the_limit_are_refused_before_they_are_read(nova: &Nova) {
     nova.ok("POST", "/v1/buckets/big", Some(r#"{"create_stream_on_append":true}"#), 201);
-    let body = format!(r#"{{"records":[{{"body":"{}"}}]}}"#, "x".repeat(2 << 20));
-    let refused =
-        nova.err("POST", "/v1/streams/big/s/records", Some(&body), 400, "invalid_argument");
-    let message = refused["message"].as_str().expect("message");
-    assert!(message.contains("1048576") && message.contains("http-body-bytes-max"), "{message}");
+    // Refused from Content-Length, before any byte of the body is sent.
+    let refused_from_length = |content_type: &str, len: u64| -> String {
+        use std::io::{Read as _, Write as _};
+        let address = nova.url.trim_start_matches("http://");
+        let mut stream = std::net::TcpStream::connect(address).expect("connect");
+        let head = format!(
+            "POST /v1/streams/big/s/records HTTP/1.1\r\nhost: nova\r\nconnection: close\r\n\
+             content-type: {content_type}\r\ncontent-length: {len}\r\n\r\n"
+        );
+        stream.write_all(head.as_bytes()).expect("send the head");
+        let mut answer = String::new();
+        stream.read_to_string(&mut answer).expect("an answer");
+        assert!(answer.starts_with("HTTP/1.1 400"), "{answer}");
+        answer
+    };
+    let answer = refused_from_length("application/json", (4 << 20) + 1);
+    assert!(
+        answer.contains("4194304") && answer.contains("--http-json-body-bytes-max"),
+        "{answer}"
+    );
+    let answer = refused_from_length("application/x-nova-records", (1 << 20) + 1);
+    assert!(answer.contains("1048576") && answer.contains("--http-body-bytes-max"), "{answer}");
+    // Encoding overhead never counts (limits.md): 600 KiB of content written as \u0001
+    // escapes is 3.6 MiB of JSON, over the binary framing's limit, and a valid batch.
+    let escaped = format!(r#"{{"records":[{{"body":"{}"}}]}}"#, "\\u0001".repeat(600 << 10));
+    assert!(escaped.len() > 3 << 20);
+    let ack = nova.ok("POST", "/v1/streams/big/e/records", Some(&escaped), 200);
+    assert_eq!(ack["end"]["seq_num"], 1, "{ack}");
+    let page =
+        nova.call_with("GET", "/v1/streams/big/e/records", &[("nova-encoding", "base64")], None);
+    assert_eq!(page.status, 200);
+    let encoded = page.json()["records"][0]["body"].as_str().expect("a body").to_owned();
+    use base64::Engine as _;
+    let content = base64::engine::general_purpose::STANDARD.decode(encoded).expect("base64");
+    assert_eq!(content, vec![1u8; 600 << 10]);
     // Chunked, so no Content-Length says it up front.
     if have_curl() {
+        let body = format!(r#"{{"records":[{{"body":"{}"}}]}}"#, "x".repeat((4 << 20) + 1));
         let dir = tempdir();
         let path = dir.path().join("body.json");
         std::fs::write(&path, &body).expect("write body");
@@ -1295,9 +1327,79 @@ fn a_body_other_than_an_appends_is_refused_past_1_mib_naming_the_limit() {
     assert!(message.contains(limit), "{message}");
     nova.err("GET", "/v1/buckets/ctl", None, 404, "not_found");
     nova.ok("POST", "/v1/buckets/ctl", Some(&padded(1 << 20)), 201);
-    // An append's body is bounded by --http-body-bytes-max (160 MiB by default) alone.
+    // An append's body is bounded by its own limit alone (JSON: --http-json-body-bytes-max).
     let append = format!(r#"{{"records":[{{"body":"{}"}}]}}"#, "x".repeat(1 << 20));
     nova.ok("POST", "/v1/streams/ctl/s/records", Some(&append), 200);
+}
+
+/// The request bodies a shard holds are bounded (`--http-body-memory-bytes`): a
+/// request whose body would pass the bound is refused with resource_exhausted and
+/// Retry-After before its body is read, and the memory comes back when the request
+/// that held it is done, answered or not.
+#[test]
+fn request_bodies_a_shard_holds_are_bounded() {
+    use std::io::Write as _;
+    let dir = tempdir();
+    let limits = ["--http-body-bytes-max", "1MiB", "--http-json-body-bytes-max", "1MiB"];
+    let bound = ["--shards", "1", "--http-body-memory-bytes", "2MiB"];
+    let nova = Nova::start_with(&dir.path().join("data"), &[&limits[..], &bound].concat(), &[]);
+    nova.ok("POST", "/v1/buckets/mem", Some(r#"{"create_stream_on_append":true}"#), 201);
+    let held = || nova.metric("nova_http_body_bytes_held");
+    // Two appends whose 1 MiB bodies are on their way hold the whole bound.
+    let address = nova.url.trim_start_matches("http://").to_owned();
+    let mut holders: Vec<std::net::TcpStream> = (0..2)
+        .map(|_| {
+            let mut stream = std::net::TcpStream::connect(&address).expect("connect");
+            let head = format!(
+                "POST /v1/streams/mem/s/records HTTP/1.1\r\nhost: nova\r\n\
+                 content-length: {}\r\n\r\n{{",
+                1 << 20
+            );
+            stream.write_all(head.as_bytes()).expect("send the head");
+            stream
+        })
+        .collect();
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(30);
+    while held() != 2 << 20 {
+        assert!(std::time::Instant::now() < deadline, "held {} bytes", held());
+        std::thread::sleep(std::time::Duration::from_millis(10));
+    }
+    let small = r#"{"records":[{"body":"x"}]}"#;
+    let refused = nova.call("POST", "/v1/streams/mem/s/records", Some(small));
+    assert_eq!(refused.status, 429, "{}", refused.text());
+    assert_eq!(refused.header("retry-after"), Some("1"));
+    let message = refused.json()["message"].as_str().expect("a message").to_owned();
+    assert!(message.contains("--http-body-memory-bytes") && message.contains("2097152"));
+    // One holder gives up: its memory comes back, and appends are taken again.
+    drop(holders.pop());
+    while held() != 1 << 20 {
+        assert!(std::time::Instant::now() < deadline, "held {} bytes", held());
+        std::thread::sleep(std::time::Duration::from_millis(10));
+    }
+    nova.ok("POST", "/v1/streams/mem/s/records", Some(small), 200);
+    // The other sends its whole body: it is appended, and nothing stays held.
+    let mut holder = holders.pop().expect("a holder");
+    let rest = format!(r#""records":[{{"body":"{}"}}]}}"#, "y".repeat((1 << 20) - 25));
+    holder.write_all(rest.as_bytes()).expect("send the rest");
+    let mut answer = [0u8; 12];
+    std::io::Read::read_exact(&mut holder, &mut answer).expect("an answer");
+    assert_eq!(&answer, b"HTTP/1.1 200", "{}", String::from_utf8_lossy(&answer));
+    assert_eq!(held(), 0);
+    // A bound below a body limit could never take such a body: refused at start.
+    let out = std::process::Command::new(env!("CARGO_BIN_EXE_nova"))
+        .args(["serve", "--listen", "127.0.0.1:0", "--data-dir"])
+        .arg(dir.path().join("other"))
+        .args(["--http-body-memory-bytes", "1MiB", "--http-body-bytes-max", "1MiB"])
+        .args(["--http-json-body-bytes-max", "2MiB"])
+        .output()
+        .expect("run nova serve");
+    assert!(!out.status.success());
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(
+        stderr.contains("--http-body-memory-bytes")
+            && stderr.contains("--http-json-body-bytes-max"),
+        "{stderr}"
+    );
 }
 
 #[test]

@@ -551,8 +551,32 @@ pub const HTTP_BODY_BYTES_MAX: Knob = Knob {
     default: 160 << 20,
     min: 1 << 20,
     max: 1 << 30,
-    help: "largest HTTP append body (any other body: 1 MiB); a larger one is refused (invalid_argument) from its Content-Length, or as soon as the bytes read pass it, before it is held whole",
-    reason: "the largest valid batch is 100 MiB of content; base64 in JSON adds a third, so 160 MiB takes every valid batch in either encoding",
+    help: "largest append body in the binary framing (JSON: --http-json-body-bytes-max; any other body: 1 MiB); a larger one is refused (invalid_argument) from its Content-Length, or as soon as the bytes read pass it, before it is held whole",
+    reason: "the largest valid batch is 100 MiB of content, and the framing adds a few bytes a record and a header (at most 100,000 records): 160 MiB takes every valid batch",
+};
+
+/// The largest JSON append body the server reads.
+pub const HTTP_JSON_BODY_BYTES_MAX: Knob = Knob {
+    flag: "http-json-body-bytes-max",
+    env: "NOVA_HTTP_JSON_BODY_BYTES_MAX",
+    unit: Unit::Bytes,
+    default: 640 << 20,
+    min: 1 << 20,
+    max: 4 << 30,
+    help: "largest JSON append body; a larger one is refused (invalid_argument) from its Content-Length, or as soon as the bytes read pass it; the content limits (limits.md) apply to the records it holds",
+    reason: "limits count content, never encoding overhead (limits.md): a body written as \\u0001 escapes takes 6 bytes of JSON a content byte, so 600 MiB plus the records' envelopes takes every valid 100 MiB batch however it is escaped",
+};
+
+/// Request body bytes one shard holds at once.
+pub const HTTP_BODY_MEMORY_BYTES: Knob = Knob {
+    flag: "http-body-memory-bytes",
+    env: "NOVA_HTTP_BODY_MEMORY_BYTES",
+    unit: Unit::Bytes,
+    default: 1 << 30,
+    min: 1 << 20,
+    max: 1 << 40,
+    help: "request body bytes one shard holds at once (being read, parsed, or waiting for their append's acknowledgement); a request whose body would pass it is refused (resource_exhausted, Retry-After) before the body is read; at least the largest body limit",
+    reason: "--http-connections-max connections, each sending a body at its limit, could otherwise hold hundreds of GiB; 1 GiB takes one largest JSON append or thousands of usual ones, beside --shard-memory-bytes",
 };
 
 /// The largest request head nova reads a request from.
@@ -670,6 +694,8 @@ pub const KNOBS: &[Knob] = &[
     S3_MULTIPART_CONCURRENCY,
     HTTP_CONNECTIONS_MAX,
     HTTP_BODY_BYTES_MAX,
+    HTTP_JSON_BODY_BYTES_MAX,
+    HTTP_BODY_MEMORY_BYTES,
     HTTP_HEAD_BYTES_MAX,
     HTTP_IDLE_TIMEOUT_MS,
     HTTP_LOG_SLOW_MS,

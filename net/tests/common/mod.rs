@@ -85,7 +85,8 @@ impl Store {
 
 /// The flags and environment every shared test server runs with: small bodies (the body
 /// limit test) and quick heartbeats (the subscription tests).
-pub const SHARED_FLAGS: [&str; 2] = ["--http-body-bytes-max", "1MiB"];
+pub const SHARED_FLAGS: [&str; 4] =
+    ["--http-body-bytes-max", "1MiB", "--http-json-body-bytes-max", "4MiB"];
 pub const SHARED_ENV: [(&str, &str); 1] = [("NOVA_SSE_HEARTBEAT_MS", "200")];
 
 pub struct Nova {
