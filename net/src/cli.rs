@@ -11,8 +11,8 @@ use std::time::{Duration, Instant};
 use serde_json::{Value, json};
 
 use crate::client::{
-    self, Address, Batch, Client, Conditions, ReadOptions, Record, Start, SubscriptionEvent,
-    encode_segment,
+    self, Address, Batch, Client, Conditions, ReadOptions, Record, Start, Subscription,
+    SubscriptionEvent, encode_segment,
 };
 
 /// The verbs, each with its usage and an example: `nova VERB --help` prints them.
@@ -410,6 +410,8 @@ fn number_and_unit(text: &str) -> Option<(u64, &str)> {
 struct Session {
     client: Client,
     json: bool,
+    /// `--timeout`: also how long `read --follow` keeps trying to resume (None: for good).
+    timeout: Option<Duration>,
 }
 
 impl Session {
@@ -572,7 +574,8 @@ fn run(args: Vec<String>) -> Outcome {
         .and_then(|client| client.with_token(token))
         .map_err(|e| usage_error(e.to_string()))?
         .with_timeout(Some(Duration::from_millis(timeout)));
-    let session = Session { client, json: args.has("json") };
+    let timeout = (timeout > 0).then(|| Duration::from_millis(timeout));
+    let session = Session { client, json: args.has("json"), timeout };
     let rest: Vec<&str> = match verb.as_slice() {
         ["bucket" | "stream" | "token", _, rest @ ..] => rest.to_vec(),
         [_, rest @ ..] => rest.to_vec(),
@@ -1373,15 +1376,7 @@ fn read(session: &Session, address: &Address, args: &Args) -> Outcome {
     }
     let options = ReadOptions { start, count, ..ReadOptions::default() };
     if args.has("follow") {
-        let subscription = session.client.subscribe(address, &options, false).map_err(failed)?;
-        for event in subscription {
-            if let SubscriptionEvent::Records { records, .. } = event.map_err(failed)?
-                && let Printed::ReaderGone = print_records(session, &records)?
-            {
-                return Ok(());
-            }
-        }
-        return Ok(());
+        return follow(session, address, options);
     }
     let mut options = options;
     let mut delivered = 0u64;
@@ -1400,6 +1395,70 @@ fn read(session: &Session, address: &Address, args: &Args) -> Outcome {
         options.start = Start::SeqNum(page.next_seq_num);
         options.count = count.map(|c| c - delivered);
     }
+}
+
+/// The first wait before `read --follow` resumes a subscription, doubling to the next.
+const RESUME_BACKOFF_FIRST: Duration = Duration::from_millis(100);
+const RESUME_BACKOFF_MAX: Duration = Duration::from_secs(2);
+
+/// `read --follow`: a subscription, resumed right after the last record printed when its
+/// connection fails (the server restarted, a proxy cut it): a read has no side effect,
+/// so no record is lost or printed twice. It gives up when no subscription could be
+/// opened again within `--timeout`; an error the server answers ends it at once.
+fn follow(session: &Session, address: &Address, mut options: ReadOptions) -> Outcome {
+    let count = options.count;
+    let mut delivered = 0u64;
+    let mut subscription = session.client.subscribe(address, &options, false).map_err(failed)?;
+    loop {
+        let error = match subscription.next() {
+            None => return Ok(()),
+            Some(Ok(SubscriptionEvent::Records { records, .. })) => {
+                delivered += records.len() as u64;
+                if let Printed::ReaderGone = print_records(session, &records)? {
+                    return Ok(());
+                }
+                continue;
+            }
+            Some(Ok(_)) => continue,
+            Some(Err(error)) if resumable(&error) => error,
+            Some(Err(error)) => return Err(failed(error)),
+        };
+        if let Some(next) = subscription.next_seq_num() {
+            options.start = Start::SeqNum(next);
+        }
+        options.count = count.map(|c| c - delivered);
+        eprintln!("nova: the subscription was cut ({error}); resuming");
+        subscription = resume(session, address, &options)?;
+    }
+}
+
+/// Opens the subscription again, waiting between tries, within `--timeout`.
+fn resume(
+    session: &Session,
+    address: &Address,
+    options: &ReadOptions,
+) -> Result<Subscription, Failure> {
+    let started = Instant::now();
+    let mut wait = RESUME_BACKOFF_FIRST;
+    loop {
+        match session.client.subscribe(address, options, false) {
+            Ok(subscription) => return Ok(subscription),
+            Err(error)
+                if resumable(&error)
+                    && session.timeout.is_none_or(|limit| started.elapsed() + wait < limit) =>
+            {
+                std::thread::sleep(wait);
+                wait = (wait * 2).min(RESUME_BACKOFF_MAX);
+            }
+            Err(error) => return Err(failed(error)),
+        }
+    }
+}
+
+/// A failure of the connection, or a server that is stopping or starting: worth
+/// opening the subscription again.
+fn resumable(error: &client::Error) -> bool {
+    matches!(error, client::Error::Io { .. }) || error.code() == Some("unavailable")
 }
 
 #[cfg(test)]

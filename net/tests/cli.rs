@@ -555,6 +555,36 @@ fn read_json_keeps_every_header_byte() {
     assert!(records[1].get("headers").is_none(), "{out}");
 }
 
+/// `read --follow` outlives a restart of the server: it resumes right after the last
+/// record it printed, so nothing is lost or printed twice.
+#[test]
+fn follow_resumes_across_a_server_restart() {
+    use std::io::BufRead as _;
+    let dir = tempfile::tempdir().expect("tempdir");
+    let data = dir.path().join("data");
+    let nova = Nova::start_with(&data, &[], &[]);
+    ok(&nova, &["bucket", "create", "fol", "--create-on-append"], None);
+    ok(&nova, &["append", "nova://fol/s"], Some("first\n"));
+    let mut follow = Command::new(env!("CARGO_BIN_EXE_nova"))
+        .args(["--server", &nova.url, "read", "nova://fol/s", "--follow"])
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .expect("run nova");
+    let mut lines = std::io::BufReader::new(follow.stdout.take().expect("stdout")).lines();
+    assert_eq!(lines.next().expect("a line").expect("read"), "first");
+    let address = nova.server.authority.clone();
+    assert!(nova.terminate().success());
+    let nova = Nova::start_with(&data, &["--listen", &address], &[]);
+    ok(&nova, &["append", "nova://fol/s"], Some("second\nthird\n"));
+    assert_eq!(lines.next().expect("a line").expect("read"), "second");
+    assert_eq!(lines.next().expect("a line").expect("read"), "third");
+    follow.kill().expect("stop the follower");
+    let out = follow.wait_with_output().expect("the follower's end");
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(stderr.contains("resuming"), "{stderr}");
+}
+
 /// A refused batch ends `append`, and the failure says exactly which input lines were
 /// appended: those before it, and any pipelined after it that landed anyway.
 #[test]

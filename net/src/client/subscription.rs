@@ -3,7 +3,7 @@
 //! framing by default (records frames sent as the chunk holds them), Server-Sent Events
 //! on request. A deleted stream ends it with a not_found error.
 
-use std::io::BufRead;
+use std::io::{self, BufRead};
 use std::time::Duration;
 
 use engine::framing::{self, Frame};
@@ -92,7 +92,7 @@ impl Subscription {
             let more = read_frame(&mut self.stream.body, &mut self.frame)
                 .map_err(|error| Error::Io { what: "read a subscription".into(), error })?;
             if !more {
-                return Err(Error::Protocol("the subscription ended without an end frame".into()));
+                return Err(ended_early("frame"));
             }
             let (frame, _) = framing::decode_frame(&self.frame)
                 .map_err(|e| Error::Protocol(format!("a subscription frame is corrupt: {e}")))?
@@ -127,9 +127,7 @@ impl Subscription {
             let body: &mut dyn BufRead = &mut self.stream.body;
             let event = http::next_event(body)
                 .map_err(|error| Error::Io { what: "read a subscription".into(), error })?
-                .ok_or_else(|| {
-                    Error::Protocol("the subscription ended without an end event".into())
-                })?;
+                .ok_or_else(|| ended_early("event"))?;
             let data: Value = serde_json::from_str(&event.data).unwrap_or(Value::Null);
             return match event.event.as_str() {
                 "batch" => {
@@ -172,5 +170,18 @@ impl Iterator for Subscription {
                 Some(Err(error))
             }
         }
+    }
+}
+
+/// The connection closed before the subscription's end: a failure of the connection
+/// (the server stopped, or a proxy cut it), which a caller may resume from
+/// [`Subscription::next_seq_num`].
+fn ended_early(what: &str) -> Error {
+    Error::Io {
+        what: "read a subscription".into(),
+        error: io::Error::new(
+            io::ErrorKind::UnexpectedEof,
+            format!("the connection closed before the subscription's end {what}"),
+        ),
     }
 }
