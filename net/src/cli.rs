@@ -64,7 +64,11 @@ const VERBS: &[(&str, &str, &str)] = &[
         "nova read nova://apps/orders --from-seq 0 --count 10",
     ),
     ("tail", "nova tail nova://B/K           CheckTail", "nova tail nova://apps/orders"),
-    ("trim", "nova trim nova://B/K --seq N | --time T", "nova trim nova://apps/orders --seq 100"),
+    (
+        "trim",
+        "nova trim nova://B/K --seq N | --time T   (T: ms since the epoch, or RFC 3339)",
+        "nova trim nova://apps/orders --time 2026-05-01T00:00:00Z",
+    ),
     (
         "fence",
         "nova fence nova://B/K --token T [--expected OLD]",
@@ -510,6 +514,7 @@ fn fields(value: &Value) -> String {
             .iter()
             .map(|(k, v)| match v {
                 Value::String(s) => format!("{k}: {s}"),
+                tail if k == "tail" => format!("tail: {}", tail_text(tail)),
                 other => format!("{k}: {other}"),
             })
             .collect::<Vec<_>>()
@@ -541,7 +546,7 @@ fn run(args: Vec<String>) -> Outcome {
             }
             None => {
                 print!("{}", usage());
-                return Ok(());
+                return Err(usage_error(format!("no verb {name:?}; the verbs are above")));
             }
         }
     }
@@ -847,7 +852,8 @@ fn run(args: Vec<String>) -> Outcome {
         "trim" => {
             args.only(&["seq", "time"])?;
             let (bucket, key) = address(one("address")?, true)?;
-            let body = match (args.number("seq")?, args.number("time")?) {
+            let time = args.value("time").map(|t| time_ms("time", t)).transpose();
+            let body = match (args.number("seq")?, time.map_err(usage_error)?) {
                 (Some(seq), None) => json!({"seq_num": seq}),
                 (None, Some(time)) => json!({"timestamp": time}),
                 _ => return Err(usage_error("trim takes one of --seq N or --time T")),
@@ -1229,13 +1235,13 @@ impl Progress {
 
 /// `--from-time`: milliseconds since the epoch, or RFC 3339 (`2026-05-01T12:00:00Z`,
 /// `2026-05-01T14:00:00.250+02:00`).
-pub fn time_ms(text: &str) -> Result<u64, String> {
+pub fn time_ms(flag: &str, text: &str) -> Result<u64, String> {
     if let Ok(ms) = text.parse::<u64>() {
         return Ok(ms);
     }
     let bad = || {
         format!(
-            "--from-time must be milliseconds since the epoch or RFC 3339 like 2026-05-01T12:00:00Z, not {text:?}"
+            "--{flag} must be milliseconds since the epoch or RFC 3339 like 2026-05-01T12:00:00Z, not {text:?}"
         )
     };
     let b = text.as_bytes();
@@ -1300,7 +1306,7 @@ pub fn time_ms(text: &str) -> Result<u64, String> {
     let days = era * 146_097 + doe - 719_468;
     let seconds = days * 86_400 + hour * 3600 + minute * 60 + second - offset_minutes * 60;
     let ms = seconds * 1000 + millis;
-    u64::try_from(ms).map_err(|_| format!("--from-time {text:?} is before 1970"))
+    u64::try_from(ms).map_err(|_| format!("--{flag} {text:?} is before 1970"))
 }
 
 /// Where printing records stopped: stdout closed by its reader (`nova read -f | head`),
@@ -1360,7 +1366,7 @@ fn read(session: &Session, address: &Address, args: &Args) -> Outcome {
         starts.push(Start::SeqNum(n));
     }
     if let Some(time) = args.value("from-time") {
-        starts.push(Start::Timestamp(time_ms(time).map_err(usage_error)?));
+        starts.push(Start::Timestamp(time_ms("from-time", time).map_err(usage_error)?));
     }
     if let Some(k) = args.number("tail-offset")? {
         starts.push(Start::TailOffset(k));
@@ -1557,13 +1563,13 @@ mod tests {
 
     #[test]
     fn from_time_takes_milliseconds_and_rfc_3339() {
-        assert_eq!(time_ms("1700000000000"), Ok(1_700_000_000_000));
-        assert_eq!(time_ms("1970-01-01T00:00:00Z"), Ok(0));
-        assert_eq!(time_ms("2023-11-14T22:13:20Z"), Ok(1_700_000_000_000));
-        assert_eq!(time_ms("2023-11-14T23:13:20.25+01:00"), Ok(1_700_000_000_250));
-        assert_eq!(time_ms("2024-02-29T00:00:00.123456Z"), Ok(1_709_164_800_123));
+        assert_eq!(time_ms("from-time", "1700000000000"), Ok(1_700_000_000_000));
+        assert_eq!(time_ms("from-time", "1970-01-01T00:00:00Z"), Ok(0));
+        assert_eq!(time_ms("from-time", "2023-11-14T22:13:20Z"), Ok(1_700_000_000_000));
+        assert_eq!(time_ms("from-time", "2023-11-14T23:13:20.25+01:00"), Ok(1_700_000_000_250));
+        assert_eq!(time_ms("from-time", "2024-02-29T00:00:00.123456Z"), Ok(1_709_164_800_123));
         for bad in ["yesterday", "2023-13-01T00:00:00Z", "2023-11-14T22:13:20", "2023-11-14"] {
-            let error = time_ms(bad).expect_err(bad);
+            let error = time_ms("from-time", bad).expect_err(bad);
             assert!(error.contains("--from-time") && error.contains(bad), "{error}");
         }
     }

@@ -94,6 +94,16 @@ fn client_verbs(store: Store) {
         ok(&server, &["trim", "nova://apps/orders/eu", "--seq", "1"], None)
             .contains("trim_seq_num 1")
     );
+    // --time takes RFC 3339 as --from-time does; the epoch trims nothing more.
+    let trimmed =
+        ok(&server, &["trim", "nova://apps/orders/eu", "--time", "1970-01-01T00:00:00Z"], None);
+    assert!(trimmed.contains("trim_seq_num 1"), "{trimmed}");
+    let bad = nova_cli(&server, &["trim", "nova://apps/orders/eu", "--time", "yesterday"], None);
+    assert_eq!(bad.status.code(), Some(2));
+    assert!(String::from_utf8_lossy(&bad.stderr).contains("--time must be"));
+    // People-readable fields, the tail among them.
+    let got = ok(&server, &["stream", "get", "nova://apps/orders/eu"], None);
+    assert!(got.lines().any(|line| line.starts_with("tail: next_seq_num 3 ")), "{got}");
     ok(&server, &["fence", "nova://apps/orders/eu", "--token", "w1"], None);
     // Failures exit non-zero with the server's message.
     let refused = nova_cli(
@@ -143,6 +153,13 @@ fn every_verb_has_help_with_an_example() {
         assert!(out.status.success(), "{verb:?}");
         assert!(text.contains("example"), "nova {verb:?} --help: {text}");
     }
+    // A verb that does not exist, even with --help, is a usage error.
+    let out = Command::new(env!("CARGO_BIN_EXE_nova"))
+        .args(["bucket", "update", "--help"])
+        .output()
+        .expect("run nova");
+    assert_eq!(out.status.code(), Some(2));
+    assert!(String::from_utf8_lossy(&out.stderr).contains("no verb \"bucket update\""));
 }
 
 #[test]

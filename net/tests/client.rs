@@ -163,12 +163,17 @@ fn subscriptions_follow_in_both_framings(nova: &Nova) {
     let mut bucket = Bucket::new("cl-sub");
     bucket.defaults.class = Some(StorageClass::Express);
     client.ensure_bucket(&bucket).expect("bucket");
-    for (sse, key) in [(false, "bin"), (true, "sse")] {
+    // A client that speaks JSON subscribes over SSE unasked.
+    let json = Client::new(&nova.url).expect("url").with_format(Format::Json);
+    for (client, sse, key) in
+        [(&client, false, "bin"), (&client, true, "sse"), (&json, false, "json")]
+    {
         let address = Address::new("cl-sub", key);
         client.create_stream(&address, &StreamOptions::default(), None).expect("stream");
         client.append(&address, &batch(&["h0", "h1"]), &Conditions::default()).expect("append");
         let mut subscription =
             client.subscribe(&address, &ReadOptions::default(), sse).expect("subscribe");
+        assert_eq!(subscription.over_sse(), key != "bin");
         let mut seen = Vec::new();
         while seen.len() < 2 {
             if let SubscriptionEvent::Records { records, .. } =

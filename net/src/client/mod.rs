@@ -1138,14 +1138,15 @@ impl Client {
         AppendSession::open(&self.server, address, self.format, in_flight_max, self.timeout)
     }
 
-    /// A subscription from `options` (its `wait_seconds` is ignored), binary framing
-    /// unless `sse`.
+    /// A subscription from `options` (its `wait_seconds` is ignored): over the binary
+    /// framing, or Server-Sent Events (JSON) when `sse` or the client speaks JSON.
     pub fn subscribe(
         &self,
         address: &Address,
         options: &ReadOptions,
         sse: bool,
     ) -> Result<Subscription> {
+        let sse = sse || self.format == Format::Json;
         Subscription::open(&self.server, address, options, sse, None, self.timeout)
     }
 
@@ -1157,6 +1158,7 @@ impl Client {
         sse: bool,
         last_seq_num: u64,
     ) -> Result<Subscription> {
+        let sse = sse || self.format == Format::Json;
         Subscription::open(&self.server, address, options, sse, Some(last_seq_num), self.timeout)
     }
 }

@@ -81,6 +81,11 @@ impl Subscription {
         })
     }
 
+    /// Whether it comes as Server-Sent Events (JSON), not in the binary framing.
+    pub fn over_sse(&self) -> bool {
+        self.sse
+    }
+
     /// The sequence number after the last record delivered (resume with
     /// [`super::Client::resume`] from one before it).
     pub fn next_seq_num(&self) -> Option<u64> {
