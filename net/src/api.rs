@@ -133,21 +133,31 @@ impl Shared {
                 self.metrics.body_bytes_held(self.shard, bytes);
                 Ok(())
             }
-            Err(_) => {
-                let limit = self.settings.body_memory_bytes;
-                let holding = limit - self.body_memory.available();
-                let mut error = ApiError::from_code(
-                    engine::Code::ResourceExhausted,
-                    format!(
-                        "this shard holds {holding} bytes of request bodies, and {bytes} more \
-                         would pass its limit of {limit} bytes (--http-body-memory-bytes); \
-                         retry shortly"
-                    ),
-                );
-                error.retry_after_seconds = Some(1);
-                Err(error)
-            }
+            Err(_) => Err(self.body_memory_full(bytes)),
         }
+    }
+
+    /// Refuses a body of `bytes` that the shard's body memory could not hold now.
+    fn could_hold_body(&self, bytes: u64) -> Result<(), ApiError> {
+        if bytes <= self.body_memory.available() {
+            Ok(())
+        } else {
+            Err(self.body_memory_full(bytes))
+        }
+    }
+
+    fn body_memory_full(&self, bytes: u64) -> ApiError {
+        let limit = self.settings.body_memory_bytes;
+        let holding = limit - self.body_memory.available();
+        let mut error = ApiError::from_code(
+            engine::Code::ResourceExhausted,
+            format!(
+                "this shard holds {holding} bytes of request bodies, and {bytes} more would \
+                 pass its limit of {limit} bytes (--http-body-memory-bytes); retry shortly"
+            ),
+        );
+        error.retry_after_seconds = Some(1);
+        error
     }
 }
 
@@ -710,10 +720,17 @@ async fn read_body(
     request: Request<Incoming>,
     limit: BodyLimit,
 ) -> Result<Held<Bytes>, ApiError> {
-    let Held { body: mut pieces, memory } = read_pieces(shared, request, limit).await?;
+    let Held { body: mut pieces, mut memory } = read_pieces(shared, request, limit).await?;
     let body = match pieces.len() {
         1 => pieces.pop().expect("one piece"),
-        _ => pieces.concat().into(),
+        _ => {
+            // Joined for the parser: held too. The pieces go once joined, and what a JSON
+            // append is encoded into, never larger than its text, takes their place; so a
+            // body held twice is never more than that in memory.
+            let len = pieces.iter().map(|piece| piece.len() as u64).sum();
+            shared.hold_body(len, &mut memory)?;
+            pieces.concat().into()
+        }
     };
     Ok(Held { body, memory })
 }
@@ -744,21 +761,32 @@ async fn read_pieces(
         return Err(too_large(len.to_string()));
     }
     let mut memory = shared.body_memory();
-    // hyper holds the body to its Content-Length: no piece needs more.
-    shared.hold_body(declared.unwrap_or(0), &mut memory)?;
+    // A body that could not be held now is refused before a byte of it is read; what is
+    // held is only what has arrived, so a client that stops sending holds no more.
+    shared.could_hold_body(declared.unwrap_or(0))?;
     let mut limited = http_body_util::Limited::new(
         request.into_body(),
         usize::try_from(limit).unwrap_or(usize::MAX),
     );
     let mut pieces = Vec::new();
-    while let Some(frame) = limited.frame().await {
+    let idle = shared.settings.idle_timeout;
+    loop {
+        let next = futures_lite::future::or(async { Some(limited.frame().await) }, async {
+            glommio::timer::sleep(idle).await;
+            None
+        });
+        let Some(frame) = next.await else {
+            return Err(ApiError::invalid(format!(
+                "the request body stalled: no byte of it for {} ms (--http-idle-timeout-ms)",
+                idle.as_millis()
+            )));
+        };
+        let Some(frame) = frame else { break };
         match frame {
             // Trailers, the only other kind of frame, carry nothing nova reads.
             Ok(frame) => {
                 if let Ok(piece) = frame.into_data() {
-                    if declared.is_none() {
-                        shared.hold_body(piece.len() as u64, &mut memory)?;
-                    }
+                    shared.hold_body(piece.len() as u64, &mut memory)?;
                     pieces.push(piece);
                 }
             }

@@ -3,7 +3,7 @@
 //!
 //! The body is never held as a JSON tree. A tree of small values costs up to about 90
 //! times its text (a map node for `{"a":0}`, 7 bytes), so a body within
-//! `--http-body-bytes-max` could take gigabytes before any check ran. Here each record
+//! `--http-json-body-bytes-max` could take gigabytes before any check ran. Here each record
 //! is encoded into the batch as soon as it is read, values that cannot be valid (an array
 //! where a string belongs) are skipped unread, and the record and header counts are
 //! refused as soon as they pass their limits: memory is the encoded batch, never more

@@ -327,12 +327,15 @@ pub fn run(args: &[String]) -> Result<(), String> {
     settings.body_bytes_max = knob(&flags, tuning::HTTP_BODY_BYTES_MAX)?;
     settings.json_body_bytes_max = knob(&flags, tuning::HTTP_JSON_BODY_BYTES_MAX)?;
     settings.body_memory_bytes = knob(&flags, tuning::HTTP_BODY_MEMORY_BYTES)?;
-    for limit in [tuning::HTTP_BODY_BYTES_MAX, tuning::HTTP_JSON_BODY_BYTES_MAX] {
-        let bytes = knob(&flags, limit)?;
-        if settings.body_memory_bytes < bytes {
+    // A JSON body is held twice: as it arrives, and joined for the parser.
+    for (limit, times, held) in [
+        (tuning::HTTP_BODY_BYTES_MAX, 1, settings.body_bytes_max),
+        (tuning::HTTP_JSON_BODY_BYTES_MAX, 2, settings.json_body_bytes_max),
+    ] {
+        if settings.body_memory_bytes < times * held {
             return Err(format!(
-                "--{} is {} bytes, below --{} ({bytes} bytes): a body at that limit could \
-                 never be taken; raise the first or lower the second",
+                "--{} is {} bytes, below {times} x --{} ({held} bytes): a body at that limit \
+                 could never be taken; raise the first or lower the second",
                 tuning::HTTP_BODY_MEMORY_BYTES.flag,
                 settings.body_memory_bytes,
                 limit.flag

@@ -1345,25 +1345,33 @@ fn request_bodies_a_shard_holds_are_bounded() {
     let nova = Nova::start_with(&dir.path().join("data"), &[&limits[..], &bound].concat(), &[]);
     nova.ok("POST", "/v1/buckets/mem", Some(r#"{"create_stream_on_append":true}"#), 201);
     let held = || nova.metric("nova_http_body_bytes_held");
-    // Two appends whose 1 MiB bodies are on their way hold the whole bound.
+    // Two appends whose 1 MiB bodies have all but their last 4 bytes here hold all but
+    // 8 bytes of the bound: a body is held as it arrives.
+    let body = format!(r#"{{"records":[{{"body":"{}"}}]}}"#, "y".repeat((1 << 20) - 25));
+    assert_eq!(body.len(), 1 << 20);
+    let (sent, rest) = body.split_at(body.len() - 4);
     let address = nova.url.trim_start_matches("http://").to_owned();
     let mut holders: Vec<std::net::TcpStream> = (0..2)
         .map(|_| {
             let mut stream = std::net::TcpStream::connect(&address).expect("connect");
             let head = format!(
                 "POST /v1/streams/mem/s/records HTTP/1.1\r\nhost: nova\r\n\
-                 content-length: {}\r\n\r\n{{",
-                1 << 20
+                 content-length: {}\r\n\r\n{sent}",
+                body.len()
             );
-            stream.write_all(head.as_bytes()).expect("send the head");
+            stream.write_all(head.as_bytes()).expect("send the head and most of the body");
             stream
         })
         .collect();
     let deadline = std::time::Instant::now() + std::time::Duration::from_secs(30);
-    while held() != 2 << 20 {
-        assert!(std::time::Instant::now() < deadline, "held {} bytes", held());
-        std::thread::sleep(std::time::Duration::from_millis(10));
-    }
+    let await_held = |bytes: u64| {
+        while held() != bytes {
+            assert!(std::time::Instant::now() < deadline, "held {} bytes, not {bytes}", held());
+            std::thread::sleep(std::time::Duration::from_millis(10));
+        }
+    };
+    await_held(2 * sent.len() as u64);
+    // A body that could not be held is refused from its Content-Length.
     let small = r#"{"records":[{"body":"x"}]}"#;
     let refused = nova.call("POST", "/v1/streams/mem/s/records", Some(small));
     assert_eq!(refused.status, 429, "{}", refused.text());
@@ -1372,24 +1380,36 @@ fn request_bodies_a_shard_holds_are_bounded() {
     assert!(message.contains("--http-body-memory-bytes") && message.contains("2097152"));
     // One holder gives up: its memory comes back, and appends are taken again.
     drop(holders.pop());
-    while held() != 1 << 20 {
-        assert!(std::time::Instant::now() < deadline, "held {} bytes", held());
-        std::thread::sleep(std::time::Duration::from_millis(10));
-    }
+    await_held(sent.len() as u64);
     nova.ok("POST", "/v1/streams/mem/s/records", Some(small), 200);
-    // The other sends its whole body: it is appended, and nothing stays held.
+    // The other sends the rest: joined for the parser (held twice, the whole bound), it
+    // is appended, and nothing stays held.
     let mut holder = holders.pop().expect("a holder");
-    let rest = format!(r#""records":[{{"body":"{}"}}]}}"#, "y".repeat((1 << 20) - 25));
     holder.write_all(rest.as_bytes()).expect("send the rest");
     let mut answer = [0u8; 12];
     std::io::Read::read_exact(&mut holder, &mut answer).expect("an answer");
     assert_eq!(&answer, b"HTTP/1.1 200", "{}", String::from_utf8_lossy(&answer));
     assert_eq!(held(), 0);
+    // A body that stops coming is refused after --http-idle-timeout-ms, and lets go.
+    let quick = Nova::start_with(
+        &dir.path().join("quick"),
+        &["--shards", "1", "--http-idle-timeout-ms", "1000"],
+        &[],
+    );
+    let mut stalled =
+        std::net::TcpStream::connect(quick.url.trim_start_matches("http://")).expect("connect");
+    stalled
+        .write_all(b"POST /v1/streams/mem/s/records HTTP/1.1\r\nhost: nova\r\ncontent-length: 100\r\n\r\n{")
+        .expect("send a head and a byte");
+    let mut answer = String::new();
+    std::io::Read::read_to_string(&mut stalled, &mut answer).expect("an answer");
+    assert!(answer.starts_with("HTTP/1.1 400") && answer.contains("stalled"), "{answer}");
+    assert_eq!(quick.metric("nova_http_body_bytes_held"), 0);
     // A bound below a body limit could never take such a body: refused at start.
     let out = std::process::Command::new(env!("CARGO_BIN_EXE_nova"))
         .args(["serve", "--listen", "127.0.0.1:0", "--data-dir"])
         .arg(dir.path().join("other"))
-        .args(["--http-body-memory-bytes", "1MiB", "--http-body-bytes-max", "1MiB"])
+        .args(["--http-body-memory-bytes", "2MiB", "--http-body-bytes-max", "1MiB"])
         .args(["--http-json-body-bytes-max", "2MiB"])
         .output()
         .expect("run nova serve");

@@ -560,11 +560,11 @@ pub const HTTP_JSON_BODY_BYTES_MAX: Knob = Knob {
     flag: "http-json-body-bytes-max",
     env: "NOVA_HTTP_JSON_BODY_BYTES_MAX",
     unit: Unit::Bytes,
-    default: 640 << 20,
+    default: 768 << 20,
     min: 1 << 20,
     max: 4 << 30,
     help: "largest JSON append body; a larger one is refused (invalid_argument) from its Content-Length, or as soon as the bytes read pass it; the content limits (limits.md) apply to the records it holds",
-    reason: "limits count content, never encoding overhead (limits.md): a body written as \\u0001 escapes takes 6 bytes of JSON a content byte, so 600 MiB plus the records' envelopes takes every valid 100 MiB batch however it is escaped",
+    reason: "limits count content, never encoding overhead (limits.md): a body byte written as \\u0001 is 6 bytes of JSON, a one-byte header [\"\\u0001\",\"\"] 14 (at most 10 million of them), and a record's envelope about 60 (at most 100,000), so the largest valid batch in compact JSON is about 715 MB, within 768 MiB",
 };
 
 /// Request body bytes one shard holds at once.
@@ -572,11 +572,11 @@ pub const HTTP_BODY_MEMORY_BYTES: Knob = Knob {
     flag: "http-body-memory-bytes",
     env: "NOVA_HTTP_BODY_MEMORY_BYTES",
     unit: Unit::Bytes,
-    default: 1 << 30,
-    min: 1 << 20,
+    default: 2 << 30,
+    min: 2 << 20,
     max: 1 << 40,
-    help: "request body bytes one shard holds at once (being read, parsed, or waiting for their append's acknowledgement); a request whose body would pass it is refused (resource_exhausted, Retry-After) before the body is read; at least the largest body limit",
-    reason: "--http-connections-max connections, each sending a body at its limit, could otherwise hold hundreds of GiB; 1 GiB takes one largest JSON append or thousands of usual ones, beside --shard-memory-bytes",
+    help: "request body bytes one shard holds at once: each body as its bytes arrive, and once more when joined for the JSON parser, until its request is answered; a body that could not be held now is refused (resource_exhausted, Retry-After) from its Content-Length before it is read, else when a piece would pass it; at least --http-body-bytes-max and twice --http-json-body-bytes-max",
+    reason: "--http-connections-max connections, each sending a body at its limit, could otherwise hold hundreds of GiB; 2 GiB takes one largest JSON append (held twice) or thousands of usual ones, beside --shard-memory-bytes",
 };
 
 /// The largest request head nova reads a request from.
