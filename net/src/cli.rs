@@ -214,6 +214,7 @@ pub fn main(args: Vec<String>) -> i32 {
         return crate::doctor::main(&args[1..]);
     }
     match run(args) {
+        Ok(()) if OUTPUT_FAILED.load(std::sync::atomic::Ordering::Relaxed) => 1,
         Ok(()) => 0,
         Err(Failure::Usage(message)) => {
             eprintln!("nova: {message}");
@@ -444,16 +445,19 @@ impl Session {
     }
 }
 
+/// Set when an answer could not be written to stdout: the command then exits 1.
+static OUTPUT_FAILED: std::sync::atomic::AtomicBool = std::sync::atomic::AtomicBool::new(false);
+
 /// Prints a line of an answer on stdout. A reader that closed it (`nova ... | head`)
 /// took what it wanted: the command goes on (an append appends the rest of its input)
 /// and the line is dropped, where `println!` would end it in a panic. Any other failure
-/// to write is told on stderr.
+/// to write (a full disk) is told on stderr, once, and fails the command at its end.
 fn print_line(line: impl std::fmt::Display) {
-    match writeln!(std::io::stdout().lock(), "{line}") {
-        Err(error) if error.kind() != std::io::ErrorKind::BrokenPipe => {
-            eprintln!("nova: writing to stdout failed: {error}");
-        }
-        _ => {}
+    if let Err(error) = writeln!(std::io::stdout().lock(), "{line}")
+        && error.kind() != std::io::ErrorKind::BrokenPipe
+        && !OUTPUT_FAILED.swap(true, std::sync::atomic::Ordering::Relaxed)
+    {
+        eprintln!("nova: writing to stdout failed: {error}");
     }
 }
 
@@ -917,7 +921,7 @@ const APPEND_BATCH_MAX: u64 = engine::limits::BATCH_RECORDS_MAX as u64;
 /// within this, not when a batch fills.
 const APPEND_LINGER: Duration = Duration::from_millis(100);
 /// Input lines read ahead of the batch being filled.
-const APPEND_LINES_AHEAD: usize = 4096;
+const APPEND_LINES_AHEAD: usize = 64;
 
 /// One input line of `nova append` (without its end of line), or the read's failure.
 type InputLine = std::io::Result<Vec<u8>>;
@@ -1001,33 +1005,45 @@ fn append(session: &Session, address: &Address, args: &Args) -> Outcome {
             }
         }
     };
-    // Sends the batch (its lines end at `last_line`); the answers already in.
+    // Sends the batch (its lines end at `last_line`): the answers already in, or, when
+    // it could not be sent, its lines and why (nothing of it went out).
     let mut send = |appender: &mut client::AppendSession,
                     batch: &mut Batch,
                     sent: &mut VecDeque<(u64, u64)>,
                     last_line: u64| {
-        let conditions = Conditions { match_seq_num, fencing_token: fencing_token.clone() };
-        appender.submit(batch, &conditions).map_err(failed)?;
         let lines = batch.len() as u64;
+        let conditions = Conditions { match_seq_num, fencing_token: fencing_token.clone() };
+        if let Err(error) = appender.submit(batch, &conditions) {
+            let error = client::Error::Invalid(format!("not sent: {error}"));
+            return Err((last_line + 1 - lines, lines, error));
+        }
         sent.push_back((last_line + 1 - lines, lines));
         // A conditional append continues where the previous batch ends.
         match_seq_num = match_seq_num.map(|n| n + lines);
         batch.clear();
-        Ok::<_, Failure>(std::iter::from_fn(|| appender.try_recv()).collect::<Vec<_>>())
+        Ok(std::iter::from_fn(|| appender.try_recv()).collect::<Vec<_>>())
     };
+    // A batch that could not be sent, and an input that could not be read on: told
+    // after everything sent before them is answered.
+    let mut unsent: Option<(u64, u64, client::Error)> = None;
+    let mut input_failed: Option<String> = None;
     // When the batch being filled took its first line.
     let mut filling_since: Option<Instant> = None;
     loop {
         let mut answered = Vec::new();
         let wait =
             filling_since.map_or(APPEND_LINGER, |t| APPEND_LINGER.saturating_sub(t.elapsed()));
-        let (line, ended) = match input.recv_timeout(wait) {
-            Ok(line) => {
-                (Some(line.map_err(|e| Failure::Failed(format!("reading stdin: {e}")))?), false)
+        let (line, mut ended) = match input.recv_timeout(wait) {
+            Ok(Ok(line)) => (Some(line), false),
+            Ok(Err(error)) => {
+                input_failed =
+                    Some(format!("reading stdin after line {lines_read} failed: {error}"));
+                (None, true)
             }
             Err(RecvTimeoutError::Timeout) => (None, false),
             Err(RecvTimeoutError::Disconnected) => (None, true),
         };
+        let paused = line.is_none();
         if let Some(line) = line {
             progress.read(line.len() as u64);
             let body = line.strip_suffix(b"\n").unwrap_or(&line);
@@ -1036,23 +1052,40 @@ fn append(session: &Session, address: &Address, args: &Args) -> Outcome {
             // stored bytes, a little more than content), whatever --batch says.
             let room = engine::limits::BATCH_BYTES_MAX as usize;
             if !batch.is_empty() && batch.stored_bytes() + body.len() + header_bytes > room {
-                answered.extend(send(&mut appender, &mut batch, &mut sent, lines_read)?);
+                match send(&mut appender, &mut batch, &mut sent, lines_read) {
+                    Ok(acks) => answered.extend(acks),
+                    Err(failed) => unsent = Some(failed),
+                }
             }
-            lines_read += 1;
-            batch
-                .push(&headers, body)
-                .map_err(|e| usage_error(format!("line {lines_read}: {e}")))?;
-            let since = *filling_since.get_or_insert_with(Instant::now);
-            if batch.len() as u64 == batch_records || since.elapsed() >= APPEND_LINGER {
-                answered.extend(send(&mut appender, &mut batch, &mut sent, lines_read)?);
+            if unsent.is_none() {
+                match batch.push(&headers, body) {
+                    Ok(()) => {
+                        lines_read += 1;
+                        let since = *filling_since.get_or_insert_with(Instant::now);
+                        if batch.len() as u64 == batch_records || since.elapsed() >= APPEND_LINGER {
+                            match send(&mut appender, &mut batch, &mut sent, lines_read) {
+                                Ok(acks) => answered.extend(acks),
+                                Err(failed) => unsent = Some(failed),
+                            }
+                        }
+                    }
+                    Err(error) => {
+                        input_failed = Some(format!("line {}: {error}", lines_read + 1));
+                        ended = true;
+                    }
+                }
             }
-        } else {
+        }
+        if (paused || ended) && unsent.is_none() {
             // The input paused or ended: what it gave so far goes out now.
             if !batch.is_empty() {
-                answered.extend(send(&mut appender, &mut batch, &mut sent, lines_read)?);
+                match send(&mut appender, &mut batch, &mut sent, lines_read) {
+                    Ok(acks) => answered.extend(acks),
+                    Err(failed) => unsent = Some(failed),
+                }
             }
-            answered.extend(std::iter::from_fn(|| appender.try_recv()));
         }
+        answered.extend(std::iter::from_fn(|| appender.try_recv()));
         if batch.is_empty() {
             filling_since = None;
         }
@@ -1060,15 +1093,18 @@ fn append(session: &Session, address: &Address, args: &Args) -> Outcome {
             take(ack, &mut sent, &mut progress, &mut answers);
         }
         // Nothing more is sent after a failure (what is in flight is still answered).
-        if ended || answers.refused.is_some() {
+        if ended || unsent.is_some() || answers.refused.is_some() {
             break;
         }
     }
     for ack in appender.finish() {
         take(ack, &mut sent, &mut progress, &mut answers);
     }
+    if let Some((first_line, lines, error)) = unsent {
+        answers.take(Err(error), first_line, lines);
+    }
     progress.done();
-    answers.outcome(session.json)
+    answers.outcome(session.json, input_failed)
 }
 
 /// What the server answered an `append`'s batches, in order.
@@ -1115,7 +1151,9 @@ impl Answers {
         None
     }
 
-    fn outcome(self, json: bool) -> Outcome {
+    /// The command's outcome: every failure with what was appended before it, and, after
+    /// the first, what became of the rest.
+    fn outcome(self, json: bool, input_failed: Option<String>) -> Outcome {
         if let Some((first_line, lines, error)) = self.refused {
             // Batches pipelined behind the refused one may have landed: say which, so
             // that a resend takes exactly what did not.
@@ -1136,7 +1174,21 @@ impl Answers {
                 message.push_str(after);
             }
             message.push_str(&format!("; nothing after line {} was sent", self.last_line));
+            if let Some(input_failed) = input_failed {
+                message.push_str(&format!("; and {input_failed}"));
+            }
             return Err(Failure::Failed(message));
+        }
+        if let Some(input_failed) = input_failed {
+            // Everything before the failure was appended; nothing after it was read.
+            return Err(Failure::Failed(format!(
+                "{input_failed}; {} before it {} appended{}",
+                counted(self.appended, "record"),
+                if self.appended == 1 { "was" } else { "were" },
+                self.last
+                    .map(|ack| format!(" ({})", tail_text(&position(ack.tail))))
+                    .unwrap_or_default()
+            )));
         }
         // The server refuses an empty batch; an empty input sent none, which is no success.
         let last = self.last.ok_or_else(|| {
@@ -1425,12 +1477,23 @@ fn follow(session: &Session, address: &Address, mut options: ReadOptions) -> Out
                 }
                 continue;
             }
-            Some(Ok(_)) => continue,
+            // Idle at the tail before any record: what comes next starts there, whatever
+            // the start was (a tail offset or a time), so a resume must not go back.
+            Some(Ok(SubscriptionEvent::Heartbeat { tail })) => {
+                if delivered == 0 && !matches!(options.start, Start::SeqNum(_)) {
+                    options.start = Start::SeqNum(tail.seq_num);
+                }
+                continue;
+            }
             Some(Err(error)) if resumable(&error) => error,
             Some(Err(error)) => return Err(failed(error)),
         };
         if let Some(next) = subscription.next_seq_num() {
             options.start = Start::SeqNum(next);
+        }
+        if count.is_some_and(|c| delivered >= c) {
+            // Every record asked for is printed: only the end was cut.
+            return Ok(());
         }
         options.count = count.map(|c| c - delivered);
         eprintln!("nova: the subscription was cut ({error}); resuming");
@@ -1477,7 +1540,7 @@ mod tests {
     }
 
     fn failure(answers: Answers) -> String {
-        match answers.outcome(false) {
+        match answers.outcome(false, None) {
             Err(Failure::Failed(message)) => message,
             Ok(()) | Err(Failure::Usage(_)) => panic!("not a failed call"),
         }

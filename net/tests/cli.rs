@@ -485,6 +485,16 @@ fn read_ends_with_its_output() {
     assert_eq!(out.status.code(), Some(1));
     let stderr = String::from_utf8_lossy(&out.stderr);
     assert!(stderr.contains("writing the records to stdout failed"), "{stderr}");
+    // So is an answer that cannot be written.
+    let full = std::fs::File::create("/dev/full").expect("/dev/full");
+    let out = Command::new(env!("CARGO_BIN_EXE_nova"))
+        .args(["--server", &nova.url, "ls"])
+        .stdout(full)
+        .output()
+        .expect("run nova");
+    assert_eq!(out.status.code(), Some(1));
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(stderr.contains("writing to stdout failed"), "{stderr}");
 }
 
 /// Lines from a producer that writes now and then go out while its stdin stays open
@@ -518,6 +528,38 @@ fn append_sends_a_partial_batch_when_the_input_pauses() {
     let out = child.wait_with_output().expect("nova output");
     assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
     assert_eq!(ok(&nova, &["read", "nova://live/s"], None), "a\nb\nc\n");
+}
+
+/// A batch that meets a server gone away fails `append` with an account of the lines:
+/// those appended before it, and it.
+#[test]
+fn append_accounts_for_its_lines_when_the_server_goes_away() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let nova = Nova::start(dir.path());
+    ok(&nova, &["bucket", "create", "away", "--create-on-append"], None);
+    let mut child = Command::new(env!("CARGO_BIN_EXE_nova"))
+        .args(["--server", &nova.url, "append", "nova://away/s"])
+        .stdin(Stdio::piped())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .expect("run nova");
+    let mut input = child.stdin.take().expect("stdin");
+    input.write_all(b"a\n").expect("write stdin");
+    input.flush().expect("flush stdin");
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(30);
+    while nova.call("GET", "/v1/streams/away/s/tail", None).json()["tail"]["seq_num"] != 1 {
+        assert!(std::time::Instant::now() < deadline, "the first line never landed");
+        std::thread::sleep(std::time::Duration::from_millis(20));
+    }
+    nova.kill();
+    input.write_all(b"b\n").expect("write stdin");
+    drop(input);
+    let out = child.wait_with_output().expect("nova output");
+    assert_eq!(out.status.code(), Some(1));
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(stderr.contains("lines 2-2 "), "{stderr}");
+    assert!(stderr.contains("1 record before them was"), "{stderr}");
 }
 
 /// `nova append --json` whose reader has gone (`... | head -3`) appends the rest of its

@@ -95,11 +95,13 @@ impl Error {
 
     /// Whether a failed append may still have landed: the connection failed, or the
     /// answer was not one the API gives, or the server failed inside (`internal`,
-    /// `unknown`). Every other answered error is a refusal: nothing of the batch landed.
+    /// `unknown`) or stopped serving its stream (`unavailable`: a failed journal answers
+    /// the appends it had sequenced so, and only its recovery decides their fate).
+    /// Every other answered error is a refusal: nothing of the batch landed.
     pub fn outcome_unknown(&self) -> bool {
         match self {
             Error::Io { .. } | Error::Protocol(_) => true,
-            Error::Api(api) => matches!(api.code.as_str(), "internal" | "unknown"),
+            Error::Api(api) => matches!(api.code.as_str(), "internal" | "unknown" | "unavailable"),
             Error::Invalid(_) => false,
         }
     }
