@@ -3,7 +3,7 @@
 mod common;
 
 use std::io::Write as _;
-use std::process::{Command, Output, Stdio};
+use std::process::{Child, ChildStdin, Command, Output, Stdio};
 
 use common::{Nova, Store};
 use serde_json::Value;
@@ -497,6 +497,31 @@ fn read_ends_with_its_output() {
     assert!(stderr.contains("writing to stdout failed"), "{stderr}");
 }
 
+/// `nova append` to `stream` on `server`, its stdin kept open: the first `lines` are
+/// written and awaited until the stream's tail shows them (sent on the input's pause).
+fn append_pausing(server: &Nova, stream: &str, lines: &[u8], count: u64) -> (Child, ChildStdin) {
+    let mut child = Command::new(env!("CARGO_BIN_EXE_nova"))
+        .args(["--server", &server.url, "append", &format!("nova://{stream}")])
+        .stdin(Stdio::piped())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .expect("run nova");
+    let mut input = child.stdin.take().expect("stdin");
+    input.write_all(lines).expect("write stdin");
+    input.flush().expect("flush stdin");
+    let tail = || {
+        let answer = server.call("GET", &format!("/v1/streams/{stream}/tail"), None);
+        (answer.status == 200).then(|| answer.json()["tail"]["seq_num"].as_u64()).flatten()
+    };
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(30);
+    while tail() != Some(count) {
+        assert!(std::time::Instant::now() < deadline, "the lines never landed: {:?}", tail());
+        std::thread::sleep(std::time::Duration::from_millis(20));
+    }
+    (child, input)
+}
+
 /// Lines from a producer that writes now and then go out while its stdin stays open
 /// (`tail -f app.log | nova append ...`), not only when a batch fills or the input ends.
 #[test]
@@ -504,25 +529,7 @@ fn append_sends_a_partial_batch_when_the_input_pauses() {
     let dir = tempfile::tempdir().expect("tempdir");
     let nova = Nova::start(dir.path());
     ok(&nova, &["bucket", "create", "live", "--create-on-append"], None);
-    let mut child = Command::new(env!("CARGO_BIN_EXE_nova"))
-        .args(["--server", &nova.url, "append", "nova://live/s"])
-        .stdin(Stdio::piped())
-        .stdout(Stdio::piped())
-        .stderr(Stdio::piped())
-        .spawn()
-        .expect("run nova");
-    let mut input = child.stdin.take().expect("stdin");
-    input.write_all(b"a\nb\n").expect("write stdin");
-    input.flush().expect("flush stdin");
-    let tail = || {
-        let answer = nova.call("GET", "/v1/streams/live/s/tail", None);
-        (answer.status == 200).then(|| answer.json()["tail"]["seq_num"].as_u64()).flatten()
-    };
-    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(30);
-    while tail() != Some(2) {
-        assert!(std::time::Instant::now() < deadline, "the two lines never landed: {:?}", tail());
-        std::thread::sleep(std::time::Duration::from_millis(20));
-    }
+    let (child, mut input) = append_pausing(&nova, "live/s", b"a\nb\n", 2);
     input.write_all(b"c\n").expect("write stdin");
     drop(input);
     let out = child.wait_with_output().expect("nova output");
@@ -537,21 +544,7 @@ fn append_accounts_for_its_lines_when_the_server_goes_away() {
     let dir = tempfile::tempdir().expect("tempdir");
     let nova = Nova::start(dir.path());
     ok(&nova, &["bucket", "create", "away", "--create-on-append"], None);
-    let mut child = Command::new(env!("CARGO_BIN_EXE_nova"))
-        .args(["--server", &nova.url, "append", "nova://away/s"])
-        .stdin(Stdio::piped())
-        .stdout(Stdio::piped())
-        .stderr(Stdio::piped())
-        .spawn()
-        .expect("run nova");
-    let mut input = child.stdin.take().expect("stdin");
-    input.write_all(b"a\n").expect("write stdin");
-    input.flush().expect("flush stdin");
-    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(30);
-    while nova.call("GET", "/v1/streams/away/s/tail", None).json()["tail"]["seq_num"] != 1 {
-        assert!(std::time::Instant::now() < deadline, "the first line never landed");
-        std::thread::sleep(std::time::Duration::from_millis(20));
-    }
+    let (child, mut input) = append_pausing(&nova, "away/s", b"a\n", 1);
     nova.kill();
     input.write_all(b"b\n").expect("write stdin");
     drop(input);
