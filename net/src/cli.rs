@@ -988,15 +988,16 @@ fn append(session: &Session, address: &Address, args: &Args) -> Outcome {
     let input = stdin_lines();
     let mut batch = Batch::new();
     let mut lines_read = 0u64;
-    // The input lines of each batch in flight, in order: its first line and how many.
-    let mut sent: VecDeque<(u64, u64)> = VecDeque::new();
+    // The batches in flight, in order, kept to be sent again if the stream's throughput
+    // cap refuses them (at most APPEND_IN_FLIGHT_MAX).
+    let mut sent: VecDeque<InFlight> = VecDeque::new();
     let mut answers = Answers::default();
     let take = |ack: client::SessionAck,
-                sent: &mut VecDeque<(u64, u64)>,
+                sent: &mut VecDeque<InFlight>,
                 progress: &mut Progress,
                 answers: &mut Answers| {
-        let (first_line, lines) = sent.pop_front().expect("a batch per answer");
-        if let Some(ack) = answers.take(ack.result, first_line, lines) {
+        let batch = sent.pop_front().expect("a batch per answer");
+        if let Some(ack) = answers.take(ack.result, batch) {
             progress.acked(answers.appended);
             if session.json {
                 print_line(
@@ -1009,15 +1010,20 @@ fn append(session: &Session, address: &Address, args: &Args) -> Outcome {
     // it could not be sent, its lines and why (nothing of it went out).
     let mut send = |appender: &mut client::AppendSession,
                     batch: &mut Batch,
-                    sent: &mut VecDeque<(u64, u64)>,
+                    sent: &mut VecDeque<InFlight>,
                     last_line: u64| {
         let lines = batch.len() as u64;
         let conditions = Conditions { match_seq_num, fencing_token: fencing_token.clone() };
         if let Err(error) = appender.submit(batch, &conditions) {
             let error = client::Error::Invalid(format!("not sent: {error}"));
-            return Err((last_line + 1 - lines, lines, error));
+            return Err(Box::new((InFlight::lines(last_line + 1 - lines, lines), error)));
         }
-        sent.push_back((last_line + 1 - lines, lines));
+        sent.push_back(InFlight {
+            first_line: last_line + 1 - lines,
+            lines,
+            batch: batch.clone(),
+            conditions,
+        });
         // A conditional append continues where the previous batch ends.
         match_seq_num = match_seq_num.map(|n| n + lines);
         batch.clear();
@@ -1025,10 +1031,12 @@ fn append(session: &Session, address: &Address, args: &Args) -> Outcome {
     };
     // A batch that could not be sent, and an input that could not be read on: told
     // after everything sent before them is answered.
-    let mut unsent: Option<(u64, u64, client::Error)> = None;
+    let mut unsent: Option<Box<(InFlight, client::Error)>> = None;
     let mut input_failed: Option<String> = None;
     // When the batch being filled took its first line.
     let mut filling_since: Option<Instant> = None;
+    // Throttled rounds in a row with nothing landed between them, and what had landed.
+    let (mut throttled_rounds, mut landed_before_throttle) = (0u32, 0u64);
     loop {
         let mut answered = Vec::new();
         let wait =
@@ -1092,6 +1100,52 @@ fn append(session: &Session, address: &Address, args: &Args) -> Outcome {
         for ack in answered {
             take(ack, &mut sent, &mut progress, &mut answers);
         }
+        if ended && unsent.is_none() {
+            // Every answer, before the end is told: throttled batches go again first.
+            while answers.refused.is_none() && answers.throttled.is_empty() {
+                let Some(ack) = appender.recv() else { break };
+                take(ack, &mut sent, &mut progress, &mut answers);
+            }
+        }
+        if !answers.throttled.is_empty() && unsent.is_none() {
+            // Refused by the stream's throughput cap: once every batch behind them is
+            // answered too (a resend goes behind them all), they go again, in order,
+            // after the server's Retry-After.
+            while answers.refused.is_none() {
+                let Some(ack) = appender.recv() else { break };
+                take(ack, &mut sent, &mut progress, &mut answers);
+            }
+            let landed = answers.appended;
+            if answers.refused.is_none() {
+                throttled_rounds =
+                    if landed > landed_before_throttle { 1 } else { throttled_rounds + 1 };
+                landed_before_throttle = landed;
+                if throttled_rounds > APPEND_THROTTLED_ROUNDS_MAX {
+                    answers.stop_throttled();
+                } else {
+                    std::thread::sleep(answers.retry_after());
+                    let mut again = std::mem::take(&mut answers.throttled).into_iter();
+                    for (batch, _) in again.by_ref() {
+                        if let Err(error) = appender.submit(&batch.batch, &batch.conditions) {
+                            let error = client::Error::Invalid(format!("not sent: {error}"));
+                            unsent = Some(Box::new((batch, error)));
+                            break;
+                        }
+                        sent.push_back(batch);
+                    }
+                    for (batch, _) in again {
+                        let last_line = batch.first_line + batch.lines - 1;
+                        answers.after.push(format!(
+                            "lines {}-{last_line} were not sent again",
+                            batch.first_line
+                        ));
+                    }
+                    if unsent.is_none() {
+                        continue;
+                    }
+                }
+            }
+        }
         // Nothing more is sent after a failure (what is in flight is still answered).
         if ended || unsent.is_some() || answers.refused.is_some() {
             break;
@@ -1100,16 +1154,41 @@ fn append(session: &Session, address: &Address, args: &Args) -> Outcome {
     for ack in appender.finish() {
         take(ack, &mut sent, &mut progress, &mut answers);
     }
-    if let Some((first_line, lines, error)) = unsent {
-        answers.take(Err(error), first_line, lines);
+    if let Some(unsent) = unsent {
+        let (batch, error) = *unsent;
+        answers.take(Err(error), batch);
     }
     progress.done();
     answers.outcome(session.json, input_failed)
 }
 
+/// Rounds of `nova append`'s batches refused by the stream's throughput cap, one after
+/// another with nothing landing, before it gives up.
+const APPEND_THROTTLED_ROUNDS_MAX: u32 = 10;
+/// The longest a throttled append waits before sending again, whatever Retry-After says.
+const APPEND_RETRY_AFTER_MAX: Duration = Duration::from_secs(60);
+
+/// A batch `append` sent: its input lines, and what it sent, to send it again.
+struct InFlight {
+    first_line: u64,
+    lines: u64,
+    batch: Batch,
+    conditions: Conditions,
+}
+
+impl InFlight {
+    /// Input lines alone, for a batch that will not be sent (again).
+    fn lines(first_line: u64, lines: u64) -> Self {
+        InFlight { first_line, lines, batch: Batch::new(), conditions: Conditions::default() }
+    }
+}
+
 /// What the server answered an `append`'s batches, in order.
 #[derive(Default)]
 struct Answers {
+    /// Batches the stream's throughput cap refused (resource_exhausted: nothing landed),
+    /// with nothing answered otherwise behind them: to be sent again, in order.
+    throttled: Vec<(InFlight, client::Error)>,
     /// Records appended before any refusal.
     appended: u64,
     last: Option<client::Ack>,
@@ -1127,11 +1206,23 @@ impl Answers {
     fn take(
         &mut self,
         result: client::Result<client::Ack>,
-        first_line: u64,
-        lines: u64,
+        batch: InFlight,
     ) -> Option<client::Ack> {
+        let (first_line, lines) = (batch.first_line, batch.lines);
         let last_line = first_line + lines - 1;
         self.last_line = self.last_line.max(last_line);
+        if self.refused.is_none() {
+            match result {
+                Err(error) if error.code() == Some("resource_exhausted") => {
+                    self.throttled.push((batch, error));
+                    return None;
+                }
+                // Answered otherwise behind throttled batches: a resend would land after
+                // this, out of order, so the throttling is this append's failure.
+                _ if !self.throttled.is_empty() => self.stop_throttled(),
+                _ => {}
+            }
+        }
         match (result, &self.refused) {
             (Ok(ack), None) => {
                 self.appended += ack.end.seq_num - ack.start.seq_num;
@@ -1149,6 +1240,33 @@ impl Answers {
             )),
         }
         None
+    }
+
+    /// The throttled batches are not sent again: the first is the failure, the rest
+    /// failed after it.
+    fn stop_throttled(&mut self) {
+        let mut throttled = std::mem::take(&mut self.throttled).into_iter();
+        if let Some((batch, error)) = throttled.next() {
+            self.refused = Some((batch.first_line, batch.lines, error));
+        }
+        for (batch, error) in throttled {
+            let last_line = batch.first_line + batch.lines - 1;
+            self.after.push(format!("lines {}-{last_line} failed too: {error}", batch.first_line));
+        }
+    }
+
+    /// How long the server asked the throttled batches to wait (1 s if it did not say).
+    fn retry_after(&self) -> Duration {
+        let seconds = self
+            .throttled
+            .iter()
+            .filter_map(|(_, error)| match error {
+                client::Error::Api(api) => api.retry_after_seconds,
+                _ => None,
+            })
+            .max()
+            .unwrap_or(1);
+        Duration::from_secs(seconds).min(APPEND_RETRY_AFTER_MAX)
     }
 
     /// The command's outcome: every failure with what was appended before it, and, after
@@ -1532,7 +1650,7 @@ fn resumable(error: &client::Error) -> bool {
 
 #[cfg(test)]
 mod tests {
-    use super::{Answers, Failure, client, duration_ms, size_bytes, time_ms};
+    use super::{Answers, Failure, InFlight, client, duration_ms, size_bytes, time_ms};
 
     fn ack(start: u64, end: u64) -> client::Result<client::Ack> {
         let at = |seq_num| client::Position { seq_num, timestamp: 0 };
@@ -1565,19 +1683,19 @@ mod tests {
             })
         };
         let mut answers = Answers::default();
-        assert!(answers.take(ack(0, 2), 1, 2).is_some());
-        assert!(answers.take(Err(lost()), 3, 1).is_none());
-        assert!(answers.take(Err(lost()), 4, 2).is_none());
+        assert!(answers.take(ack(0, 2), InFlight::lines(1, 2)).is_some());
+        assert!(answers.take(Err(lost()), InFlight::lines(3, 1)).is_none());
+        assert!(answers.take(Err(lost()), InFlight::lines(4, 2)).is_none());
         let message = failure(answers);
         assert!(message.starts_with("lines 3-3 may or may not have been appended"), "{message}");
         assert!(message.contains("2 records before them were"), "{message}");
         assert!(message.contains("lines 4-5 may or may not have landed"), "{message}");
 
         let mut answers = Answers::default();
-        assert!(answers.take(ack(0, 1), 1, 1).is_some());
-        assert!(answers.take(Err(refused()), 2, 1).is_none());
-        assert!(answers.take(ack(1, 2), 3, 1).is_none());
-        assert!(answers.take(Err(refused()), 4, 1).is_none());
+        assert!(answers.take(ack(0, 1), InFlight::lines(1, 1)).is_some());
+        assert!(answers.take(Err(refused()), InFlight::lines(2, 1)).is_none());
+        assert!(answers.take(ack(1, 2), InFlight::lines(3, 1)).is_none());
+        assert!(answers.take(Err(refused()), InFlight::lines(4, 1)).is_none());
         let message = failure(answers);
         assert!(message.starts_with("lines 2-2 were not appended"), "{message}");
         assert!(message.contains("1 record before them was"), "{message}");

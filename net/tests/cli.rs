@@ -555,6 +555,30 @@ fn append_accounts_for_its_lines_when_the_server_goes_away() {
     assert!(stderr.contains("1 record before them was"), "{stderr}");
 }
 
+/// Batches the stream's throughput cap refuses go again after the server's Retry-After,
+/// in order: a capped stream takes the whole input, each line once.
+#[test]
+fn append_waits_out_a_throughput_cap() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let nova = Nova::start(dir.path());
+    ok(&nova, &["bucket", "create", "cap", "--default-class", "express"], None);
+    let capped = ["stream", "create", "nova://cap/s", "--throughput-max-bytes-per-second", "16KiB"];
+    ok(&nova, &capped, None);
+    let lines: Vec<String> = (0..300).map(|i| format!("{i:04}{}", "x".repeat(96))).collect();
+    let input = lines.join("\n") + "\n";
+    let out = nova_cli(&nova, &["append", "nova://cap/s", "--batch", "20"], Some(&input));
+    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+    assert!(String::from_utf8_lossy(&out.stdout).contains("appended 300 records"));
+    let read = ok(&nova, &["read", "nova://cap/s"], None);
+    assert!(read.lines().eq(lines.iter().map(String::as_str)), "every line once, in order");
+    // The cap did refuse some: the server counted its 429s.
+    let refusals = nova.call("GET", "/metrics", None).text();
+    let throttled = refusals.lines().any(|line| {
+        line.starts_with("nova_http_requests_total{") && line.contains("status=\"429\"")
+    });
+    assert!(throttled, "the cap never refused a batch: the test proves nothing");
+}
+
 /// `nova append --json` whose reader has gone (`... | head -3`) appends the rest of its
 /// input all the same, where printing its acknowledgements once ended it in a panic.
 #[test]
