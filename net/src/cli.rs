@@ -1018,10 +1018,14 @@ fn append(session: &Session, address: &Address, args: &Args) -> Outcome {
             let error = client::Error::Invalid(format!("not sent: {error}"));
             return Err(Box::new((InFlight::lines(last_line + 1 - lines, lines), error)));
         }
+        // A copy to send again if the throughput cap refuses it, within a bound.
+        let kept: usize =
+            sent.iter().filter_map(|b| b.batch.as_ref()).map(Batch::stored_bytes).sum();
+        let copy = (kept + batch.stored_bytes() <= APPEND_KEPT_BYTES_MAX).then(|| batch.clone());
         sent.push_back(InFlight {
             first_line: last_line + 1 - lines,
             lines,
-            batch: batch.clone(),
+            batch: copy,
             conditions,
         });
         // A conditional append continues where the previous batch ends.
@@ -1037,11 +1041,15 @@ fn append(session: &Session, address: &Address, args: &Args) -> Outcome {
     let mut filling_since: Option<Instant> = None;
     // Throttled rounds in a row with nothing landed between them, and what had landed.
     let (mut throttled_rounds, mut landed_before_throttle) = (0u32, 0u64);
+    // The input ended or failed: nothing more of it is read (a resend may loop again).
+    let mut input_done = false;
     loop {
         let mut answered = Vec::new();
         let wait =
             filling_since.map_or(APPEND_LINGER, |t| APPEND_LINGER.saturating_sub(t.elapsed()));
-        let (line, mut ended) = match input.recv_timeout(wait) {
+        let received =
+            if input_done { Err(RecvTimeoutError::Disconnected) } else { input.recv_timeout(wait) };
+        let (line, mut ended) = match received {
             Ok(Ok(line)) => (Some(line), false),
             Ok(Err(error)) => {
                 input_failed =
@@ -1097,6 +1105,7 @@ fn append(session: &Session, address: &Address, args: &Args) -> Outcome {
         if batch.is_empty() {
             filling_since = None;
         }
+        input_done |= ended;
         for ack in answered {
             take(ack, &mut sent, &mut progress, &mut answers);
         }
@@ -1126,7 +1135,8 @@ fn append(session: &Session, address: &Address, args: &Args) -> Outcome {
                     std::thread::sleep(answers.retry_after());
                     let mut again = std::mem::take(&mut answers.throttled).into_iter();
                     for (batch, _) in again.by_ref() {
-                        if let Err(error) = appender.submit(&batch.batch, &batch.conditions) {
+                        let copy = batch.batch.as_ref().expect("only kept batches are throttled");
+                        if let Err(error) = appender.submit(copy, &batch.conditions) {
                             let error = client::Error::Invalid(format!("not sent: {error}"));
                             unsent = Some(Box::new((batch, error)));
                             break;
@@ -1168,18 +1178,23 @@ const APPEND_THROTTLED_ROUNDS_MAX: u32 = 10;
 /// The longest a throttled append waits before sending again, whatever Retry-After says.
 const APPEND_RETRY_AFTER_MAX: Duration = Duration::from_secs(60);
 
-/// A batch `append` sent: its input lines, and what it sent, to send it again.
+/// Bytes of the batches in flight `append` keeps copies of, to send them again if the
+/// throughput cap refuses them; a batch past it is not kept, and its refusal is final.
+const APPEND_KEPT_BYTES_MAX: usize = 64 << 20;
+
+/// A batch `append` sent: its input lines, and (within [`APPEND_KEPT_BYTES_MAX`]) what
+/// it sent, to send it again.
 struct InFlight {
     first_line: u64,
     lines: u64,
-    batch: Batch,
+    batch: Option<Batch>,
     conditions: Conditions,
 }
 
 impl InFlight {
     /// Input lines alone, for a batch that will not be sent (again).
     fn lines(first_line: u64, lines: u64) -> Self {
-        InFlight { first_line, lines, batch: Batch::new(), conditions: Conditions::default() }
+        InFlight { first_line, lines, batch: None, conditions: Conditions::default() }
     }
 }
 
@@ -1212,8 +1227,17 @@ impl Answers {
         let last_line = first_line + lines - 1;
         self.last_line = self.last_line.max(last_line);
         if self.refused.is_none() {
+            // Refused, so nothing of it landed: sent again later if a copy was kept. Behind
+            // a throttled batch, one whose match_seq_num counted on it is refused too,
+            // for the seq_num the throttled batch did not take: it goes again as well.
+            let throttled = |error: &client::Error| {
+                error.code() == Some("resource_exhausted")
+                    || (!self.throttled.is_empty()
+                        && batch.conditions.match_seq_num.is_some()
+                        && error.next_seq_num().is_some())
+            };
             match result {
-                Err(error) if error.code() == Some("resource_exhausted") => {
+                Err(error) if batch.batch.is_some() && throttled(&error) => {
                     self.throttled.push((batch, error));
                     return None;
                 }
@@ -1579,27 +1603,42 @@ const RESUME_BACKOFF_MAX: Duration = Duration::from_secs(2);
 
 /// `read --follow`: a subscription, resumed right after the last record printed when its
 /// connection fails (the server restarted, a proxy cut it): a read has no side effect,
-/// so no record is lost or printed twice. It gives up when no subscription could be
-/// opened again within `--timeout`; an error the server answers ends it at once.
+/// so no record is lost or printed twice. It gives up when the subscription has not
+/// delivered an event for `--timeout` while being resumed; an error the server answers
+/// ends it at once.
 fn follow(session: &Session, address: &Address, mut options: ReadOptions) -> Outcome {
+    // A tail offset names a position only against the tail of the moment: fixed now, so
+    // that a resume before any event starts where this follow did, not at a later tail.
+    // (A stream not there yet keeps it: its tail is where it will start.)
+    if let Start::TailOffset(k) = options.start
+        && let Ok(tail) = session.client.check_tail(address)
+    {
+        options.start = Start::SeqNum(tail.seq_num.saturating_sub(k));
+    }
     let count = options.count;
     let mut delivered = 0u64;
     let mut subscription = session.client.subscribe(address, &options, false).map_err(failed)?;
+    // Since when the subscription has been cut with no event since, and the next wait.
+    let mut cut: Option<(Instant, Duration)> = None;
     loop {
         let error = match subscription.next() {
             None => return Ok(()),
-            Some(Ok(SubscriptionEvent::Records { records, .. })) => {
-                delivered += records.len() as u64;
-                if let Printed::ReaderGone = print_records(session, &records)? {
-                    return Ok(());
-                }
-                continue;
-            }
-            // Idle at the tail before any record: what comes next starts there, whatever
-            // the start was (a tail offset or a time), so a resume must not go back.
-            Some(Ok(SubscriptionEvent::Heartbeat { tail })) => {
-                if delivered == 0 && !matches!(options.start, Start::SeqNum(_)) {
-                    options.start = Start::SeqNum(tail.seq_num);
+            Some(Ok(event)) => {
+                cut = None;
+                match event {
+                    SubscriptionEvent::Records { records, .. } => {
+                        delivered += records.len() as u64;
+                        if let Printed::ReaderGone = print_records(session, &records)? {
+                            return Ok(());
+                        }
+                    }
+                    // Idle at the tail before any record: what comes next starts there,
+                    // whatever the start was, so a resume must not go back.
+                    SubscriptionEvent::Heartbeat { tail } => {
+                        if delivered == 0 && !matches!(options.start, Start::SeqNum(_)) {
+                            options.start = Start::SeqNum(tail.seq_num);
+                        }
+                    }
                 }
                 continue;
             }
@@ -1615,28 +1654,28 @@ fn follow(session: &Session, address: &Address, mut options: ReadOptions) -> Out
         }
         options.count = count.map(|c| c - delivered);
         eprintln!("nova: the subscription was cut ({error}); resuming");
-        subscription = resume(session, address, &options)?;
+        let (since, wait) = cut.get_or_insert((Instant::now(), RESUME_BACKOFF_FIRST));
+        subscription = resume(session, address, &options, *since, wait)?;
     }
 }
 
-/// Opens the subscription again, waiting between tries, within `--timeout`.
+/// Opens the subscription again, waiting between tries (the wait doubling, kept across
+/// cuts until an event arrives), within `--timeout` of the first cut.
 fn resume(
     session: &Session,
     address: &Address,
     options: &ReadOptions,
+    since: Instant,
+    wait: &mut Duration,
 ) -> Result<Subscription, Failure> {
-    let started = Instant::now();
-    let mut wait = RESUME_BACKOFF_FIRST;
     loop {
+        std::thread::sleep(*wait);
+        *wait = (*wait * 2).min(RESUME_BACKOFF_MAX);
         match session.client.subscribe(address, options, false) {
             Ok(subscription) => return Ok(subscription),
             Err(error)
                 if resumable(&error)
-                    && session.timeout.is_none_or(|limit| started.elapsed() + wait < limit) =>
-            {
-                std::thread::sleep(wait);
-                wait = (wait * 2).min(RESUME_BACKOFF_MAX);
-            }
+                    && session.timeout.is_none_or(|limit| since.elapsed() + *wait < limit) => {}
             Err(error) => return Err(failed(error)),
         }
     }
@@ -1701,6 +1740,62 @@ mod tests {
         assert!(message.contains("1 record before them was"), "{message}");
         assert!(message.contains("lines 3-3 were appended after them, at seq_num 1..2"));
         assert!(message.contains("lines 4-4 failed too"), "{message}");
+    }
+
+    fn api_error(code: &str, body: serde_json::Value, retry: Option<u64>) -> client::Error {
+        client::Error::Api(client::ApiError {
+            status: 400,
+            code: code.into(),
+            message: format!("a {code}"),
+            body,
+            retry_after_seconds: retry,
+        })
+    }
+
+    /// A batch kept to send again, with `match_seq_num` when given.
+    fn kept(first_line: u64, lines: u64, match_seq_num: Option<u64>) -> InFlight {
+        let conditions = client::Conditions { match_seq_num, ..Default::default() };
+        InFlight { first_line, lines, batch: Some(client::Batch::new()), conditions }
+    }
+
+    /// Batches the throughput cap refused wait to go again, as long as nothing behind
+    /// them lands: one that does makes the first of them this append's failure.
+    #[test]
+    fn throttled_batches_go_again_only_while_nothing_lands_behind_them() {
+        let capped = |retry| api_error("resource_exhausted", serde_json::Value::Null, retry);
+        let mut answers = Answers::default();
+        assert!(answers.take(ack(0, 1), kept(1, 1, None)).is_some());
+        assert!(answers.take(Err(capped(Some(2))), kept(2, 1, None)).is_none());
+        assert!(answers.take(Err(capped(Some(5))), kept(3, 1, None)).is_none());
+        assert_eq!(answers.throttled.len(), 2);
+        assert!(answers.refused.is_none());
+        assert_eq!(answers.retry_after(), std::time::Duration::from_secs(5));
+        assert!(answers.take(Err(capped(Some(3600))), kept(4, 1, None)).is_none());
+        assert_eq!(answers.retry_after(), super::APPEND_RETRY_AFTER_MAX);
+        // A batch behind them lands: resending them would put them after it.
+        assert!(answers.take(ack(1, 2), kept(5, 1, None)).is_none());
+        assert!(answers.throttled.is_empty());
+        let message = failure(answers);
+        assert!(message.starts_with("lines 2-2 were not appended: "), "{message}");
+        assert!(message.contains("lines 3-3 failed too"), "{message}");
+        assert!(message.contains("lines 5-5 were appended after them"), "{message}");
+
+        // A batch not kept (past the bound) cannot go again: its refusal is final.
+        let mut answers = Answers::default();
+        assert!(answers.take(Err(capped(None)), InFlight::lines(1, 1)).is_none());
+        assert!(answers.throttled.is_empty() && answers.refused.is_some());
+
+        // Behind a throttled batch, a conditional one refused for its seq_num goes too.
+        let mismatch =
+            || api_error("failed_precondition", serde_json::json!({"next_seq_num": 7}), None);
+        let mut answers = Answers::default();
+        assert!(answers.take(Err(capped(None)), kept(1, 1, Some(7))).is_none());
+        assert!(answers.take(Err(mismatch()), kept(2, 1, Some(8))).is_none());
+        assert_eq!(answers.throttled.len(), 2);
+        // Without a throttled batch before it, a mismatch is a refusal.
+        let mut answers = Answers::default();
+        assert!(answers.take(Err(mismatch()), kept(1, 1, Some(8))).is_none());
+        assert!(answers.throttled.is_empty() && answers.refused.is_some());
     }
 
     #[test]

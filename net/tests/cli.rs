@@ -564,11 +564,13 @@ fn append_waits_out_a_throughput_cap() {
     ok(&nova, &["bucket", "create", "cap", "--default-class", "express"], None);
     let capped = ["stream", "create", "nova://cap/s", "--throughput-max-bytes-per-second", "16KiB"];
     ok(&nova, &capped, None);
-    let lines: Vec<String> = (0..300).map(|i| format!("{i:04}{}", "x".repeat(96))).collect();
+    // Batches of 8 KB: the bucket refills one in half a second, far longer than between
+    // two pipelined batches, so those behind a refused one are refused too.
+    let lines: Vec<String> = (0..320).map(|i| format!("{i:04}{}", "x".repeat(96))).collect();
     let input = lines.join("\n") + "\n";
-    let out = nova_cli(&nova, &["append", "nova://cap/s", "--batch", "20"], Some(&input));
+    let out = nova_cli(&nova, &["append", "nova://cap/s", "--batch", "80"], Some(&input));
     assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
-    assert!(String::from_utf8_lossy(&out.stdout).contains("appended 300 records"));
+    assert!(String::from_utf8_lossy(&out.stdout).contains("appended 320 records"));
     let read = ok(&nova, &["read", "nova://cap/s"], None);
     assert!(read.lines().eq(lines.iter().map(String::as_str)), "every line once, in order");
     // The cap did refuse some: the server counted its 429s.
@@ -649,16 +651,40 @@ fn follow_resumes_across_a_server_restart() {
         .expect("run nova");
     let mut lines = std::io::BufReader::new(follow.stdout.take().expect("stdout")).lines();
     assert_eq!(lines.next().expect("a line").expect("read"), "first");
+    // One from the tail, cut before any event: it resumes from the tail it started at,
+    // not from the tail when it comes back (the records appended meanwhile would be lost).
+    let mut at_tail = Command::new(env!("CARGO_BIN_EXE_nova"))
+        .args(["--server", &nova.url, "read", "nova://fol/s", "--follow", "--tail-offset", "0"])
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .expect("run nova");
+    let mut from_tail = std::io::BufReader::new(at_tail.stdout.take().expect("stdout")).lines();
+    // Both subscriptions wait at the tail.
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(30);
+    while nova.metric("nova_shard_reads_waiting") < 2 {
+        assert!(std::time::Instant::now() < deadline, "the second follower never subscribed");
+        std::thread::sleep(std::time::Duration::from_millis(10));
+    }
     let address = nova.server.authority.clone();
     assert!(nova.terminate().success());
+    // Records appended while the followers cannot reach the server (it runs elsewhere).
+    let elsewhere = Nova::start_with(&data, &[], &[]);
+    ok(&elsewhere, &["append", "nova://fol/s"], Some("second\nthird\n"));
+    assert!(elsewhere.terminate().success());
     let nova = Nova::start_with(&data, &["--listen", &address], &[]);
-    ok(&nova, &["append", "nova://fol/s"], Some("second\nthird\n"));
-    assert_eq!(lines.next().expect("a line").expect("read"), "second");
-    assert_eq!(lines.next().expect("a line").expect("read"), "third");
-    follow.kill().expect("stop the follower");
-    let out = follow.wait_with_output().expect("the follower's end");
-    let stderr = String::from_utf8_lossy(&out.stderr);
-    assert!(stderr.contains("resuming"), "{stderr}");
+    ok(&nova, &["append", "nova://fol/s"], Some("fourth\n"));
+    for lines in [&mut lines, &mut from_tail] {
+        for expected in ["second", "third", "fourth"] {
+            assert_eq!(lines.next().expect("a line").expect("read"), expected);
+        }
+    }
+    for mut follower in [follow, at_tail] {
+        follower.kill().expect("stop the follower");
+        let out = follower.wait_with_output().expect("the follower's end");
+        let stderr = String::from_utf8_lossy(&out.stderr);
+        assert!(stderr.contains("resuming"), "{stderr}");
+    }
 }
 
 /// A refused batch ends `append`, and the failure says exactly which input lines were
