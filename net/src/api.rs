@@ -76,8 +76,8 @@ pub struct Shared {
     pub log_budget: LogBudget,
     /// None: auth is off (a loopback server without a root token).
     pub auth: Option<Arc<Auth>>,
-    /// Units of `settings.body_memory_bytes`: a request's body takes its bytes before
-    /// it is read, and gives them back when the request is done with it.
+    /// Units of `settings.body_memory_bytes`: a request's body takes its bytes as they
+    /// arrive, and gives them back when the request is done with it.
     pub body_memory: Rc<glommio::sync::Semaphore>,
 }
 

@@ -950,12 +950,13 @@ fn stdin_lines() -> std::sync::mpsc::Receiver<InputLine> {
 }
 
 /// `nova append`: stdin lines become records, `--batch` per batch (cut sooner to stay
-/// within the 100 MiB batch limit, or when the input pauses for [`APPEND_LINGER`]),
-/// pipelined on one append session; a progress line on
-/// stderr when it is a terminal. A failed batch ends it: nothing more is sent, and the
-/// failure names the lines appended before it, whether it was refused (nothing of it
-/// landed) or its outcome is unknown (the connection failed: it may have landed), and
-/// what became of each batch pipelined behind it, so a resend takes what did not land.
+/// within the 100 MiB batch limit, or [`APPEND_LINGER`] after the batch's first line),
+/// pipelined on one append session; a progress line on stderr when it is a terminal.
+/// Batches the stream's throughput cap refuses go again after its Retry-After, in order
+/// ([`Answers::throttled`]). Any other failed batch ends it: nothing more is sent, and
+/// the failure names the lines appended before it, whether it was refused (nothing of
+/// it landed) or its outcome is unknown (the connection failed: it may have landed),
+/// and what became of each batch pipelined behind it, so a resend takes what did not.
 fn append(session: &Session, address: &Address, args: &Args) -> Outcome {
     let batch_records = args.number("batch")?.unwrap_or(APPEND_BATCH_DEFAULT);
     if !(1..=APPEND_BATCH_MAX).contains(&batch_records) {

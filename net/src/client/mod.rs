@@ -1148,8 +1148,7 @@ impl Client {
         options: &ReadOptions,
         sse: bool,
     ) -> Result<Subscription> {
-        let sse = sse || self.format == Format::Json;
-        Subscription::open(&self.server, address, options, sse, None, self.timeout)
+        self.open_subscription(address, options, sse, None)
     }
 
     /// A subscription that resumes right after `last_seq_num` (`Last-Event-ID`).
@@ -1160,8 +1159,18 @@ impl Client {
         sse: bool,
         last_seq_num: u64,
     ) -> Result<Subscription> {
+        self.open_subscription(address, options, sse, Some(last_seq_num))
+    }
+
+    fn open_subscription(
+        &self,
+        address: &Address,
+        options: &ReadOptions,
+        sse: bool,
+        last_seq_num: Option<u64>,
+    ) -> Result<Subscription> {
         let sse = sse || self.format == Format::Json;
-        Subscription::open(&self.server, address, options, sse, Some(last_seq_num), self.timeout)
+        Subscription::open(&self.server, address, options, sse, last_seq_num, self.timeout)
     }
 }
 
