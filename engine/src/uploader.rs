@@ -923,9 +923,10 @@ impl Engine {
         let Some(layout) = layout else { return };
         // Settled keys take no prefix (the settler's neither): an uploader sharing its
         // store under a prefix writes only transit bundles, under it.
-        let direct = match self.key_prefix.is_empty() {
-            true => Job::settled(taken, self.config.direct_settle_bytes_min),
-            false => Err(taken),
+        let direct = if self.key_prefix.is_empty() {
+            Job::settled(taken, self.config.direct_settle_bytes_min)
+        } else {
+            Err(taken)
         };
         let job = match direct {
             Ok(job) => job,

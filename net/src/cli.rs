@@ -1007,8 +1007,8 @@ fn append(session: &Session, address: &Address, args: &Args) -> Outcome {
             }
         }
     };
-    // Sends the batch (its lines end at `last_line`): the answers already in, or, when
-    // it could not be sent, its lines and why (nothing of it went out).
+    // Sends the batch (its lines end at `last_line`); when it could not be sent, its lines
+    // and why (nothing of it went out).
     let mut send = |appender: &mut client::AppendSession,
                     batch: &mut Batch,
                     sent: &mut VecDeque<InFlight>,
@@ -1016,8 +1016,7 @@ fn append(session: &Session, address: &Address, args: &Args) -> Outcome {
         let lines = batch.len() as u64;
         let conditions = Conditions { match_seq_num, fencing_token: fencing_token.clone() };
         if let Err(error) = appender.submit(batch, &conditions) {
-            let error = client::Error::Invalid(format!("not sent: {error}"));
-            return Err(Box::new((InFlight::lines(last_line + 1 - lines, lines), error)));
+            return Err(Box::new((InFlight::lines(last_line + 1 - lines, lines), not_sent(error))));
         }
         // A copy to send again if the throughput cap refuses it, within a bound.
         let kept: usize =
@@ -1032,7 +1031,7 @@ fn append(session: &Session, address: &Address, args: &Args) -> Outcome {
         // A conditional append continues where the previous batch ends.
         match_seq_num = match_seq_num.map(|n| n + lines);
         batch.clear();
-        Ok(std::iter::from_fn(|| appender.try_recv()).collect::<Vec<_>>())
+        Ok(())
     };
     // A batch that could not be sent, and an input that could not be read on: told
     // after everything sent before them is answered.
@@ -1045,7 +1044,6 @@ fn append(session: &Session, address: &Address, args: &Args) -> Outcome {
     // The input ended or failed: nothing more of it is read (a resend may loop again).
     let mut input_done = false;
     loop {
-        let mut answered = Vec::new();
         let wait =
             filling_since.map_or(APPEND_LINGER, |t| APPEND_LINGER.saturating_sub(t.elapsed()));
         let received =
@@ -1068,22 +1066,23 @@ fn append(session: &Session, address: &Address, args: &Args) -> Outcome {
             // Cut before the batch would pass the batch limit of 100 MiB (counted in
             // stored bytes, a little more than content), whatever --batch says.
             let room = engine::limits::BATCH_BYTES_MAX as usize;
-            if !batch.is_empty() && batch.stored_bytes() + body.len() + header_bytes > room {
-                match send(&mut appender, &mut batch, &mut sent, lines_read) {
-                    Ok(acks) => answered.extend(acks),
-                    Err(failed) => unsent = Some(failed),
-                }
+            if !batch.is_empty()
+                && batch.stored_bytes() + body.len() + header_bytes > room
+                && let Err(failed) = send(&mut appender, &mut batch, &mut sent, lines_read)
+            {
+                unsent = Some(failed);
             }
             if unsent.is_none() {
                 match batch.push(&headers, body) {
                     Ok(()) => {
                         lines_read += 1;
                         let since = *filling_since.get_or_insert_with(Instant::now);
-                        if batch.len() as u64 == batch_records || since.elapsed() >= APPEND_LINGER {
-                            match send(&mut appender, &mut batch, &mut sent, lines_read) {
-                                Ok(acks) => answered.extend(acks),
-                                Err(failed) => unsent = Some(failed),
-                            }
+                        let full = batch.len() as u64 == batch_records;
+                        if (full || since.elapsed() >= APPEND_LINGER)
+                            && let Err(failed) =
+                                send(&mut appender, &mut batch, &mut sent, lines_read)
+                        {
+                            unsent = Some(failed);
                         }
                     }
                     Err(error) => {
@@ -1093,67 +1092,58 @@ fn append(session: &Session, address: &Address, args: &Args) -> Outcome {
                 }
             }
         }
-        if (paused || ended) && unsent.is_none() {
-            // The input paused or ended: what it gave so far goes out now.
-            if !batch.is_empty() {
-                match send(&mut appender, &mut batch, &mut sent, lines_read) {
-                    Ok(acks) => answered.extend(acks),
-                    Err(failed) => unsent = Some(failed),
-                }
-            }
+        // The input paused or ended: what it gave so far goes out now.
+        if (paused || ended)
+            && unsent.is_none()
+            && !batch.is_empty()
+            && let Err(failed) = send(&mut appender, &mut batch, &mut sent, lines_read)
+        {
+            unsent = Some(failed);
         }
-        answered.extend(std::iter::from_fn(|| appender.try_recv()));
         if batch.is_empty() {
             filling_since = None;
         }
         input_done |= ended;
-        for ack in answered {
+        while let Some(ack) = appender.try_recv() {
             take(ack, &mut sent, &mut progress, &mut answers);
         }
-        if ended && unsent.is_none() {
-            // Every answer, before the end is told: throttled batches go again first.
-            while answers.refused.is_none() && answers.throttled.is_empty() {
-                let Some(ack) = appender.recv() else { break };
-                take(ack, &mut sent, &mut progress, &mut answers);
-            }
-        }
-        if !answers.throttled.is_empty() && unsent.is_none() {
-            // Refused by the stream's throughput cap: once every batch behind them is
-            // answered too (a resend goes behind them all), they go again, in order,
-            // after the server's Retry-After.
+        if unsent.is_none() && (ended || !answers.throttled.is_empty()) {
+            // Every answer, before the end is told, and before throttled batches go again
+            // (a resend goes behind every batch sent).
             while answers.refused.is_none() {
                 let Some(ack) = appender.recv() else { break };
                 take(ack, &mut sent, &mut progress, &mut answers);
             }
+        }
+        if !answers.throttled.is_empty() && unsent.is_none() && answers.refused.is_none() {
+            // Refused by the stream's throughput cap, and nothing behind them landed:
+            // they go again, in order, after the server's Retry-After.
             let landed = answers.appended;
-            if answers.refused.is_none() {
-                throttled_rounds =
-                    if landed > landed_before_throttle { 1 } else { throttled_rounds + 1 };
-                landed_before_throttle = landed;
-                if throttled_rounds > APPEND_THROTTLED_ROUNDS_MAX {
-                    answers.stop_throttled();
-                } else {
-                    std::thread::sleep(answers.retry_after());
-                    let mut again = std::mem::take(&mut answers.throttled).into_iter();
-                    for (batch, _) in again.by_ref() {
-                        let copy = batch.batch.as_ref().expect("only kept batches are throttled");
-                        if let Err(error) = appender.submit(copy, &batch.conditions) {
-                            let error = client::Error::Invalid(format!("not sent: {error}"));
-                            unsent = Some(Box::new((batch, error)));
-                            break;
-                        }
-                        sent.push_back(batch);
+            throttled_rounds =
+                if landed > landed_before_throttle { 1 } else { throttled_rounds + 1 };
+            landed_before_throttle = landed;
+            if throttled_rounds > APPEND_THROTTLED_ROUNDS_MAX {
+                answers.stop_throttled();
+            } else {
+                std::thread::sleep(answers.retry_after());
+                let mut again = std::mem::take(&mut answers.throttled).into_iter();
+                for (batch, _) in again.by_ref() {
+                    let copy = batch.batch.as_ref().expect("only kept batches are throttled");
+                    if let Err(error) = appender.submit(copy, &batch.conditions) {
+                        unsent = Some(Box::new((batch, not_sent(error))));
+                        break;
                     }
-                    for (batch, _) in again {
-                        let last_line = batch.first_line + batch.lines - 1;
-                        answers.after.push(format!(
-                            "lines {}-{last_line} were not sent again",
-                            batch.first_line
-                        ));
-                    }
-                    if unsent.is_none() {
-                        continue;
-                    }
+                    sent.push_back(batch);
+                }
+                for (batch, _) in again {
+                    let last_line = batch.first_line + batch.lines - 1;
+                    answers.after.push(format!(
+                        "lines {}-{last_line} were not sent again",
+                        batch.first_line
+                    ));
+                }
+                if unsent.is_none() {
+                    continue;
                 }
             }
         }
@@ -1171,6 +1161,11 @@ fn append(session: &Session, address: &Address, args: &Args) -> Outcome {
     }
     progress.done();
     answers.outcome(session.json, input_failed)
+}
+
+/// A batch the session could not send: nothing of it went out, so it was not appended.
+fn not_sent(error: client::Error) -> client::Error {
+    client::Error::Invalid(format!("not sent: {error}"))
 }
 
 /// Rounds of `nova append`'s batches refused by the stream's throughput cap, one after

@@ -2,21 +2,44 @@
 
 mod common;
 
-use std::io::Write as _;
-use std::process::{Child, ChildStdin, Command, Output, Stdio};
+use std::io::{BufRead as _, BufReader, Lines, Write as _};
+use std::process::{Child, ChildStdin, ChildStdout, Command, Output, Stdio};
 
 use common::{Nova, Store};
 use serde_json::Value;
 
-fn nova_cli(server: &Nova, args: &[&str], stdin: Option<&str>) -> Output {
-    let mut child = Command::new(env!("CARGO_BIN_EXE_nova"))
+/// `nova --server URL args...` running, its stdin, stdout and stderr piped.
+fn spawn_cli(server: &Nova, args: &[&str]) -> Child {
+    Command::new(env!("CARGO_BIN_EXE_nova"))
         .args(["--server", &server.url])
         .args(args)
         .stdin(Stdio::piped())
         .stdout(Stdio::piped())
         .stderr(Stdio::piped())
         .spawn()
-        .expect("run nova");
+        .expect("run nova")
+}
+
+/// `nova read --follow` of `address` (and `args`), and the lines it prints.
+fn follow(server: &Nova, address: &str, args: &[&str]) -> (Child, Lines<BufReader<ChildStdout>>) {
+    let mut child = spawn_cli(server, &[&["read", address, "--follow"], args].concat());
+    let lines = BufReader::new(child.stdout.take().expect("stdout")).lines();
+    (child, lines)
+}
+
+/// `nova args...` with its stdout on a full disk.
+fn to_full_disk(server: &Nova, args: &[&str]) -> Output {
+    let full = std::fs::File::create("/dev/full").expect("/dev/full");
+    Command::new(env!("CARGO_BIN_EXE_nova"))
+        .args(["--server", &server.url])
+        .args(args)
+        .stdout(full)
+        .output()
+        .expect("run nova")
+}
+
+fn nova_cli(server: &Nova, args: &[&str], stdin: Option<&str>) -> Output {
+    let mut child = spawn_cli(server, args);
     let mut input = child.stdin.take().expect("stdin");
     match input.write_all(stdin.unwrap_or("").as_bytes()) {
         // nova exited without reading it all: its status and stderr say why.
@@ -457,18 +480,11 @@ fn a_server_that_never_answers_fails_the_call_after_the_timeout() {
 /// `nova read -f ... | head -1` should), and a write that fails otherwise is a failure.
 #[test]
 fn read_ends_with_its_output() {
-    use std::io::BufRead as _;
     let dir = tempfile::tempdir().expect("tempdir");
     let nova = Nova::start(dir.path());
     ok(&nova, &["bucket", "create", "outp", "--create-on-append"], None);
     ok(&nova, &["append", "nova://outp/s"], Some("first\n"));
-    let mut follow = Command::new(env!("CARGO_BIN_EXE_nova"))
-        .args(["--server", &nova.url, "read", "nova://outp/s", "--follow"])
-        .stdout(Stdio::piped())
-        .stderr(Stdio::piped())
-        .spawn()
-        .expect("run nova");
-    let mut lines = std::io::BufReader::new(follow.stdout.take().expect("stdout")).lines();
+    let (mut follow, mut lines) = follow(&nova, "nova://outp/s", &[]);
     assert_eq!(lines.next().expect("a line").expect("read"), "first");
     drop(lines);
     // The next record meets the closed pipe.
@@ -476,22 +492,12 @@ fn read_ends_with_its_output() {
     let status = follow.wait().expect("the follow ends");
     assert!(status.success(), "{status}");
     // A full disk is a failure that says so.
-    let full = std::fs::File::create("/dev/full").expect("/dev/full");
-    let out = Command::new(env!("CARGO_BIN_EXE_nova"))
-        .args(["--server", &nova.url, "read", "nova://outp/s"])
-        .stdout(full)
-        .output()
-        .expect("run nova");
+    let out = to_full_disk(&nova, &["read", "nova://outp/s"]);
     assert_eq!(out.status.code(), Some(1));
     let stderr = String::from_utf8_lossy(&out.stderr);
     assert!(stderr.contains("writing the records to stdout failed"), "{stderr}");
     // So is an answer that cannot be written.
-    let full = std::fs::File::create("/dev/full").expect("/dev/full");
-    let out = Command::new(env!("CARGO_BIN_EXE_nova"))
-        .args(["--server", &nova.url, "ls"])
-        .stdout(full)
-        .output()
-        .expect("run nova");
+    let out = to_full_disk(&nova, &["ls"]);
     assert_eq!(out.status.code(), Some(1));
     let stderr = String::from_utf8_lossy(&out.stderr);
     assert!(stderr.contains("writing to stdout failed"), "{stderr}");
@@ -500,13 +506,7 @@ fn read_ends_with_its_output() {
 /// `nova append` to `stream` on `server`, its stdin kept open: the first `lines` are
 /// written and awaited until the stream's tail shows them (sent on the input's pause).
 fn append_pausing(server: &Nova, stream: &str, lines: &[u8], count: u64) -> (Child, ChildStdin) {
-    let mut child = Command::new(env!("CARGO_BIN_EXE_nova"))
-        .args(["--server", &server.url, "append", &format!("nova://{stream}")])
-        .stdin(Stdio::piped())
-        .stdout(Stdio::piped())
-        .stderr(Stdio::piped())
-        .spawn()
-        .expect("run nova");
+    let mut child = spawn_cli(server, &["append", &format!("nova://{stream}")]);
     let mut input = child.stdin.take().expect("stdin");
     input.write_all(lines).expect("write stdin");
     input.flush().expect("flush stdin");
@@ -588,13 +588,7 @@ fn append_goes_on_when_its_output_is_closed() {
     let dir = tempfile::tempdir().expect("tempdir");
     let nova = Nova::start(dir.path());
     ok(&nova, &["bucket", "create", "gone", "--create-on-append"], None);
-    let mut child = Command::new(env!("CARGO_BIN_EXE_nova"))
-        .args(["--server", &nova.url, "--json", "append", "nova://gone/s", "--batch", "1"])
-        .stdin(Stdio::piped())
-        .stdout(Stdio::piped())
-        .stderr(Stdio::piped())
-        .spawn()
-        .expect("run nova");
+    let mut child = spawn_cli(&nova, &["--json", "append", "nova://gone/s", "--batch", "1"]);
     drop(child.stdout.take());
     let input: String = (1..=20).map(|i| format!("{i}\n")).collect();
     child.stdin.take().expect("stdin").write_all(input.as_bytes()).expect("write stdin");
@@ -637,29 +631,16 @@ fn read_json_keeps_every_header_byte() {
 /// record it printed, so nothing is lost or printed twice.
 #[test]
 fn follow_resumes_across_a_server_restart() {
-    use std::io::BufRead as _;
     let dir = tempfile::tempdir().expect("tempdir");
     let data = dir.path().join("data");
     let nova = Nova::start_with(&data, &[], &[]);
     ok(&nova, &["bucket", "create", "fol", "--create-on-append"], None);
     ok(&nova, &["append", "nova://fol/s"], Some("first\n"));
-    let mut follow = Command::new(env!("CARGO_BIN_EXE_nova"))
-        .args(["--server", &nova.url, "read", "nova://fol/s", "--follow"])
-        .stdout(Stdio::piped())
-        .stderr(Stdio::piped())
-        .spawn()
-        .expect("run nova");
-    let mut lines = std::io::BufReader::new(follow.stdout.take().expect("stdout")).lines();
+    let (first, mut lines) = follow(&nova, "nova://fol/s", &[]);
     assert_eq!(lines.next().expect("a line").expect("read"), "first");
     // One from the tail, cut before any event: it resumes from the tail it started at,
     // not from the tail when it comes back (the records appended meanwhile would be lost).
-    let mut at_tail = Command::new(env!("CARGO_BIN_EXE_nova"))
-        .args(["--server", &nova.url, "read", "nova://fol/s", "--follow", "--tail-offset", "0"])
-        .stdout(Stdio::piped())
-        .stderr(Stdio::piped())
-        .spawn()
-        .expect("run nova");
-    let mut from_tail = std::io::BufReader::new(at_tail.stdout.take().expect("stdout")).lines();
+    let (at_tail, mut from_tail) = follow(&nova, "nova://fol/s", &["--tail-offset", "0"]);
     // Both subscriptions wait at the tail.
     let deadline = std::time::Instant::now() + std::time::Duration::from_secs(30);
     while nova.metric("nova_shard_reads_waiting") < 2 {
@@ -679,7 +660,7 @@ fn follow_resumes_across_a_server_restart() {
             assert_eq!(lines.next().expect("a line").expect("read"), expected);
         }
     }
-    for mut follower in [follow, at_tail] {
+    for mut follower in [first, at_tail] {
         follower.kill().expect("stop the follower");
         let out = follower.wait_with_output().expect("the follower's end");
         let stderr = String::from_utf8_lossy(&out.stderr);

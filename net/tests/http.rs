@@ -1378,6 +1378,17 @@ fn request_bodies_a_shard_holds_are_bounded() {
     assert_eq!(refused.header("retry-after"), Some("1"));
     let message = refused.json()["message"].as_str().expect("a message").to_owned();
     assert!(message.contains("--http-body-memory-bytes") && message.contains("2097152"));
+    // So is one with no Content-Length, when its first piece would not fit.
+    let mut chunked = std::net::TcpStream::connect(&address).expect("connect");
+    let head = "POST /v1/streams/mem/s/records HTTP/1.1\r\nhost: nova\r\nconnection: close\r\n\
+                transfer-encoding: chunked\r\n\r\n";
+    // The piece alone, no last chunk: nothing is left unread when the server answers.
+    let piece = format!("{:x}\r\n{small}\r\n", small.len());
+    chunked.write_all(format!("{head}{piece}").as_bytes()).expect("send a chunked body");
+    let mut answer = String::new();
+    std::io::Read::read_to_string(&mut chunked, &mut answer).expect("an answer");
+    assert!(answer.starts_with("HTTP/1.1 429"), "{answer}");
+    assert!(answer.contains("--http-body-memory-bytes"), "{answer}");
     // One holder gives up: its memory comes back, and appends are taken again.
     drop(holders.pop());
     await_held(sent.len() as u64);
