@@ -177,7 +177,7 @@ pub fn run(quick: bool, objects_dir: Option<&std::path::Path>) {
         raw_rate / 1e6,
     );
     println!(
-        "| case | appends/s | MB/s content | ratio to raw MB/s | p50 µs | p99 µs | p99.9 µs | p99 / raw p99 | batches per fdatasync |"
+        "| case | appends/s | MB/s content | ratio to raw MB/s | p50 µs | p99 µs | p99.9 µs | p99 / raw p99 | batches per group commit |"
     );
     println!("|---|---:|---:|---:|---:|---:|---:|---:|---:|");
     let print = |name: &str, outcome: &Outcome| {

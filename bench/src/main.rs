@@ -22,7 +22,7 @@ const USAGE: &str = "usage: bench <codec|journal|engine|objects|http|all> [--qui
   journal the express journal alone: 16 x 1 MiB chunks per group into fresh and into
           recycled segments, next to raw 1 MiB O_DIRECT writes, 16 per fdatasync
   engine  express appends through a node in this process: appends/s, MB/s, ack latency
-          percentiles and batches per fdatasync, next to raw O_DIRECT write + fdatasync
+          percentiles and batches per group commit, next to raw O_DIRECT write + fdatasync
           of the same disk in the same run (run from the workspace: it writes under
           target/bench-engine)
   objects standard appends through a node in this process, acknowledged from the object

@@ -8,7 +8,7 @@
 //!   tail, fence, trim, reconfigure, delete;
 //! - the flusher: group commit. It seals every express stream's open chunk (and every
 //!   standard stream's whose flush trigger fired). Express chunks go to the journal with
-//!   one fdatasync, then become visible and their batches are acknowledged; appends that
+//!   one flush per group, then become visible and their batches are acknowledged; appends that
 //!   arrive while a group is being written form the next group. Standard chunks go to
 //!   the object store as an upload job (`uploads.rs`) and are acknowledged once their
 //!   bundle and refs are durable. Express chunks follow as a job of their own, after
@@ -342,7 +342,7 @@ impl Slot {
 /// Counters a benchmark or `/metrics` reads.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
 pub struct ShardStats {
-    /// Journal group commits: how long each took (write and fdatasync), and the chunk
+    /// Journal group commits: how long each took (writes and flush), and the chunk
     /// bytes and chunks they held.
     pub journal_groups: Latency,
     pub journal_bytes: u64,

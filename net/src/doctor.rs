@@ -772,7 +772,7 @@ fn fdatasync(dir: &Path, direct: bool, writes: usize) -> Finding {
             if p50 > Duration::from_millis(2) || p99 > Duration::from_millis(20) {
                 finding("fdatasync", Status::Warn, found)
                     .recommend(
-                        "express acks wait one fdatasync per group commit, so their latency starts \
+                        "express acks wait one flush (write + fdatasync, or an O_DSYNC write) per group commit, so their latency starts \
                          here: a disk with power-loss protection (enterprise NVMe) syncs in tens of µs",
                     )
                     .details(details)

@@ -16,9 +16,14 @@
 //!
 //! Group commit: [`Journal::write`] submits a group's entries' writes concurrently, after
 //! the last group written, and returns once they are submitted; [`Journal::sync`] awaits
-//! them, then issues one fdatasync per segment file the group touched (one, unless it
-//! rolls into the next segment) and returns the group durable once every group written
-//! before it is durable too. Groups are submitted one at a time, but the next may be
+//! them, makes them durable, and returns the group durable once every group written
+//! before it is durable too. A group of one entry (every group of a shard with one busy
+//! stream) is written through the segment's second descriptor, opened `O_DSYNC`: its
+//! write completes only once durable, with the kernel's cache flush in the write's own
+//! completion, so no second round trip through the shard. A group of several entries is
+//! written through the plain descriptor and then fdatasynced once per segment file it
+//! touched (one, unless it rolls into the next segment): one flush for all of them, where
+//! `O_DSYNC` would flush after each. Groups are submitted one at a time, but the next may be
 //! written while earlier ones are still being written or synced: the shard's flusher
 //! keeps up to `--journal-syncs-in-flight-max` groups in flight. The last entry of a
 //! group carries the group-end flag, and recovery keeps a group only whole. A crash may
@@ -34,7 +39,8 @@
 //! the last entry; an incomplete last group is discarded whole.
 //!
 //! This module never runs off its shard's executor (glommio files and buffers are
-//! `!Send`), never reports an entry durable before its fdatasync returned, and after any
+//! `!Send`), never reports an entry durable before its `O_DSYNC` write or its fdatasync
+//! returned, and after any
 //! I/O error accepts no more appends (the shard stops and reopens it).
 
 mod buffer;
@@ -238,7 +244,10 @@ pub struct JournalStats {
     pub entries: u64,
     /// Bytes written for entries (envelopes, chunks, padding).
     pub bytes: u64,
+    /// Groups of several entries, made durable by fdatasync (one per file touched).
     pub fdatasyncs: u64,
+    /// Groups of one entry, written `O_DSYNC` (durable when the write completes).
+    pub synced_writes: u64,
     pub segments_created: u64,
     pub segments_recycled: u64,
     pub segments_deleted: u64,
@@ -276,7 +285,11 @@ impl std::fmt::Debug for JournalRead {
 struct Segment {
     start: u64,
     len: u64,
+    /// Renames, removes and every write of a group of several entries go through it.
     file: Rc<DmaFile>,
+    /// The same file opened `O_DSYNC`, for a group of one entry. Only written and
+    /// closed: after a recycle its own idea of its path is stale.
+    dsync: Rc<DmaFile>,
     path: PathBuf,
 }
 
@@ -335,6 +348,7 @@ impl State {
 /// Where one entry of a group goes.
 struct Slot {
     file: Rc<DmaFile>,
+    dsync: Rc<DmaFile>,
     segment_start: u64,
     lsn: u64,
 }
@@ -351,7 +365,8 @@ pub struct Journal {
     /// Serialises segment creation (an append's roll) with recycling (a release): both
     /// add a segment at the end and must not pick the same name.
     segment_changes: Semaphore,
-    /// A test's stand-in for a failing fdatasync (the other failures are real).
+    /// A test's stand-in for a failing sync, the fdatasync or the `O_DSYNC` write (the
+    /// other failures are real).
     #[cfg(test)]
     fail_next_sync: std::cell::Cell<bool>,
 }
@@ -393,6 +408,17 @@ async fn open_rw(path: &Path) -> Result<DmaFile, JournalError> {
         .write(true)
         .dma_open(path)
         .await
+        .map_err(|e| io_error("opening", path, e))
+}
+
+/// The segment at `path` opened for writes that are durable when they complete.
+async fn open_dsync(path: &Path) -> Result<Rc<DmaFile>, JournalError> {
+    OpenOptions::new()
+        .write(true)
+        .custom_flags(libc::O_DSYNC)
+        .dma_open(path)
+        .await
+        .map(Rc::new)
         .map_err(|e| io_error("opening", path, e))
 }
 
@@ -526,6 +552,9 @@ impl Journal {
         }
         let slots = self.plan(&sizes).await.map_err(|e| self.stop(e))?;
         let last_index = chunks.len() - 1;
+        // One entry: written O_DSYNC, durable when it completes. Several: one fdatasync
+        // per file after them all, a single flush where O_DSYNC would flush per entry.
+        let dsync = chunks.len() == 1;
         let mut prev = self.state.borrow().written.map(|t| Link { lsn: t.lsn, crc: t.crc });
         let mut written = Vec::with_capacity(chunks.len());
         let mut writes = Vec::with_capacity(chunks.len());
@@ -551,7 +580,8 @@ impl Journal {
             prev = Some(Link { lsn: slot.lsn, crc });
             tail = Some(Tail { lsn: slot.lsn, end: slot.lsn + padded as u64, crc });
             let chunk = Rc::new(chunk);
-            let (file, buf) = (Rc::clone(&slot.file), chunk.storage().shared());
+            let file = Rc::clone(if dsync { &slot.dsync } else { &slot.file });
+            let buf = chunk.storage().shared();
             let offset = slot.lsn - slot.segment_start;
             // Spawned so every write is submitted before the first completes: the
             // group's writes are in flight together.
@@ -572,7 +602,7 @@ impl Journal {
             .collect();
         let tail = tail.expect("a non-empty group has a last entry");
         let mut files: Vec<(u64, Rc<DmaFile>)> = Vec::new();
-        for slot in &slots {
+        for slot in slots.iter().filter(|_| !dsync) {
             if files.last().is_none_or(|(start, _)| *start != slot.segment_start) {
                 files.push((slot.segment_start, Rc::clone(&slot.file)));
             }
@@ -597,7 +627,8 @@ impl Journal {
         })
     }
 
-    /// Makes a written group durable: one fdatasync per segment file it touched, then,
+    /// Makes a written group durable: its writes complete (durable already when written
+    /// `O_DSYNC`), else one fdatasync per segment file it touched; then,
     /// once every group written before it is durable too, returns each chunk (still
     /// serving reads from its buffer) with its location, in order. Several groups may
     /// sync at once; they return in the order they were written. Nothing is acknowledged
@@ -617,14 +648,16 @@ impl Journal {
         if let Some(error) = failure {
             return Err(self.stop(error).into());
         }
+        #[cfg(test)]
+        if self.fail_next_sync.take() {
+            return Err(self.stop(io_error("syncing", &self.dir, "injected failure")).into());
+        }
+        if group.files.is_empty() {
+            self.state.borrow_mut().stats.synced_writes += 1;
+        }
         for (segment_start, file) in &group.files {
             self.state.borrow_mut().stats.fdatasyncs += 1;
             let path = self.segment_path(*segment_start);
-            #[cfg(test)]
-            if self.fail_next_sync.take() {
-                let error = io_error("syncing", Path::new(&path), "injected failure");
-                return Err(self.stop(error).into());
-            }
             if let Err(e) = file.fdatasync().await {
                 return Err(self.stop(io_error("syncing", Path::new(&path), e)).into());
             }
@@ -752,8 +785,10 @@ impl Journal {
     pub async fn close(self) -> Result<()> {
         let segments = std::mem::take(&mut self.state.borrow_mut().segments);
         for segment in segments {
-            if let Ok(file) = Rc::try_unwrap(segment.file) {
-                file.close().await.map_err(|e| io_error("closing", &segment.path, e))?;
+            for file in [segment.file, segment.dsync] {
+                if let Ok(file) = Rc::try_unwrap(file) {
+                    file.close().await.map_err(|e| io_error("closing", &segment.path, e))?;
+                }
             }
         }
         self.directory.close().await.map_err(|e| io_error("closing", &self.dir, e))?;
@@ -786,12 +821,13 @@ impl Journal {
                     let state = self.state.borrow();
                     state.segment_index(head).map(|index| {
                         let segment = &state.segments[index];
-                        (segment.start, segment.end(), Rc::clone(&segment.file))
+                        let files = (Rc::clone(&segment.file), Rc::clone(&segment.dsync));
+                        (segment.start, segment.end(), files)
                     })
                 };
                 match found {
-                    Some((start, end, file)) if head + size <= end => {
-                        slots.push(Slot { file, segment_start: start, lsn: head });
+                    Some((start, end, (file, dsync))) if head + size <= end => {
+                        slots.push(Slot { file, dsync, segment_start: start, lsn: head });
                         head += size;
                         break;
                     }
@@ -853,8 +889,9 @@ impl Journal {
         file.pre_allocate(len, false).await.map_err(|e| io_error("preallocating", &path, e))?;
         file.fdatasync().await.map_err(|e| io_error("syncing", &path, e))?;
         self.directory.sync().await.map_err(|e| io_error("syncing", &self.dir, e))?;
+        let dsync = open_dsync(&path).await?;
         let mut state = self.state.borrow_mut();
-        state.segments.push_back(Segment { start, len, file: Rc::new(file), path });
+        state.segments.push_back(Segment { start, len, file: Rc::new(file), dsync, path });
         state.stats.segments_created += 1;
         Ok(())
     }
@@ -910,7 +947,8 @@ pub struct Written {
     /// them before its fdatasync.
     writes: Vec<PendingWrite>,
     entries: Vec<Appended>,
-    /// The segment files it touched, each once, with their start.
+    /// The segment files to fdatasync, each once, with their start: none when its one
+    /// entry was written `O_DSYNC`.
     files: Vec<(u64, Rc<DmaFile>)>,
     tail: Tail,
     bytes: u64,
@@ -991,7 +1029,8 @@ async fn list_segments(dir: &Path) -> Result<Vec<Segment>, JournalError> {
                 format!("segment {start} does not follow the segment ending at {}", previous.end()),
             ));
         }
-        segments.push(Segment { start, len, file: Rc::new(file), path });
+        let dsync = open_dsync(&path).await?;
+        segments.push(Segment { start, len, file: Rc::new(file), dsync, path });
     }
     Ok(segments)
 }

@@ -155,10 +155,13 @@ fn append_reopen_recover_across_groups_and_a_segment_roll() {
         let stats = journal.stats();
         assert_eq!((stats.groups, stats.entries), (7, expected.len() as u64));
         assert!(journal.segments().len() >= 2, "the groups rolled into a second segment");
-        assert_eq!(
-            stats.fdatasyncs,
-            7 + (journal.segments().len() as u64 - 1),
-            "one per group, plus one per roll"
+        // Groups 0 and 4 have one entry each, written O_DSYNC; the other five are
+        // fdatasynced, once per segment file they touched (twice at a roll).
+        assert_eq!(stats.synced_writes, 2);
+        let rolls = journal.segments().len() as u64 - 1;
+        assert!(
+            (5..=5 + rolls).contains(&stats.fdatasyncs),
+            "one per group of several entries, plus at most one per roll: {stats:?}"
         );
         let head = journal.head();
         journal.close().await.expect("close");
@@ -197,7 +200,10 @@ fn one_fdatasync_covers_a_whole_group() {
         let locations = append(&journal, chunks).await;
         assert_eq!(locations.len(), 32);
         let stats = journal.stats();
-        assert_eq!((stats.groups, stats.entries, stats.fdatasyncs), (1, 32, 1));
+        assert_eq!(
+            (stats.groups, stats.entries, stats.fdatasyncs, stats.synced_writes),
+            (1, 32, 1, 0)
+        );
         assert_eq!(stats.bytes, locations.iter().map(Location::entry_len).sum::<u64>());
         // Entries are back to back, each at a 4 KiB boundary.
         for pair in locations.windows(2) {
@@ -207,6 +213,43 @@ fn one_fdatasync_covers_a_whole_group() {
         assert_eq!(append(&journal, Vec::new()).await, Vec::new());
         assert_eq!(journal.stats().fdatasyncs, 1, "an empty group syncs nothing");
     });
+}
+
+#[test]
+fn a_group_of_one_entry_is_written_o_dsync_and_needs_no_fdatasync() {
+    run(|dir| async move {
+        let (journal, _) = open(&dir).await;
+        let location = append(&journal, vec![chunk(&journal, 0, 10, 100)]).await;
+        let stats = journal.stats();
+        assert_eq!(
+            (stats.groups, stats.entries, stats.fdatasyncs, stats.synced_writes),
+            (1, 1, 0, 1)
+        );
+        // What makes it durable: the segment is open O_DIRECT | O_DSYNC as well as
+        // O_DIRECT alone (the flags of each descriptor, as the kernel reports them).
+        let (segment_start, _) = journal.segments()[0];
+        let flags = open_flags(&dir.join(segment_name(segment_start)));
+        let (direct, dsync) = (libc::O_DIRECT as u32, libc::O_DSYNC as u32);
+        assert!(flags.iter().any(|f| f & direct != 0 && f & dsync != 0), "{flags:x?}");
+        assert!(flags.iter().any(|f| f & direct != 0 && f & dsync == 0), "{flags:x?}");
+        journal.close().await.expect("close");
+        let (_, recovery) = open(&dir).await;
+        assert_eq!(recovery.entries.iter().map(|e| e.location).collect::<Vec<_>>(), location);
+    });
+}
+
+/// The open flags of every descriptor this process holds on `path`.
+fn open_flags(path: &Path) -> Vec<u32> {
+    let mut flags = Vec::new();
+    for fd in std::fs::read_dir("/proc/self/fd").expect("fds").flatten() {
+        if std::fs::read_link(fd.path()).is_ok_and(|target| target == path) {
+            let info = std::fs::read_to_string(Path::new("/proc/self/fdinfo").join(fd.file_name()))
+                .unwrap_or_default();
+            let octal = info.lines().find_map(|l| l.strip_prefix("flags:")).expect("flags");
+            flags.push(u32::from_str_radix(octal.trim(), 8).expect("octal flags"));
+        }
+    }
+    flags
 }
 
 /// Builds a journal of three single-chunk groups, the last two spanning several blocks,
@@ -546,12 +589,17 @@ fn a_failed_write_is_never_acknowledged_and_stops_the_journal() {
     run(|dir| async move {
         let (journal, _) = open(&dir).await;
         append(&journal, vec![chunk(&journal, 0, 1, 1)]).await;
-        // Swap the segment's descriptor for a read-only one: the kernel refuses the write.
+        // Swap the segment's descriptors for a read-only one: the kernel refuses the write.
         let read_only = std::fs::File::open(dir.join(EPOCH_FILE)).expect("open read-only");
-        let fd = journal.state.borrow().segments[0].file.as_raw_fd();
-        // SAFETY: both descriptors are open; `fd` now names the read-only file, which the
-        // journal only writes to (and fails), then closes.
-        assert_eq!(unsafe { libc::dup2(read_only.as_raw_fd(), fd) }, fd);
+        let fds = {
+            let segment = &journal.state.borrow().segments[0];
+            [segment.file.as_raw_fd(), segment.dsync.as_raw_fd()]
+        };
+        for fd in fds {
+            // SAFETY: both descriptors are open; `fd` now names the read-only file, which
+            // the journal only writes to (and fails), then closes.
+            assert_eq!(unsafe { libc::dup2(read_only.as_raw_fd(), fd) }, fd);
+        }
         let failed = journal.append(vec![chunk(&journal, 1, 1, 1)]).await;
         assert!(
             matches!(failed, Err(Error::Journal(JournalError::Io { op: "writing", .. }))),
