@@ -1039,8 +1039,6 @@ fn append(session: &Session, address: &Address, args: &Args) -> Outcome {
     let mut input_failed: Option<String> = None;
     // When the batch being filled took its first line.
     let mut filling_since: Option<Instant> = None;
-    // Throttled rounds in a row with nothing landed between them, and what had landed.
-    let (mut throttled_rounds, mut landed_before_throttle) = (0u32, 0u64);
     // The input ended or failed: nothing more of it is read (a resend may loop again).
     let mut input_done = false;
     loop {
@@ -1118,13 +1116,7 @@ fn append(session: &Session, address: &Address, args: &Args) -> Outcome {
         if !answers.throttled.is_empty() && unsent.is_none() && answers.refused.is_none() {
             // Refused by the stream's throughput cap, and nothing behind them landed:
             // they go again, in order, after the server's Retry-After.
-            let landed = answers.appended;
-            throttled_rounds =
-                if landed > landed_before_throttle { 1 } else { throttled_rounds + 1 };
-            landed_before_throttle = landed;
-            if throttled_rounds > APPEND_THROTTLED_ROUNDS_MAX {
-                answers.stop_throttled();
-            } else {
+            if answers.throttled_round() {
                 std::thread::sleep(answers.retry_after());
                 let mut again = std::mem::take(&mut answers.throttled).into_iter();
                 for (batch, _) in again.by_ref() {
@@ -1210,6 +1202,10 @@ struct Answers {
     after: Vec<String>,
     /// The last input line of the batches answered.
     last_line: u64,
+    /// Throttled rounds in a row with nothing landing between them, and what had landed
+    /// at the last.
+    throttled_rounds: u32,
+    appended_at_throttle: u64,
 }
 
 impl Answers {
@@ -1273,6 +1269,20 @@ impl Answers {
             let last_line = batch.first_line + batch.lines - 1;
             self.after.push(format!("lines {}-{last_line} failed too: {error}", batch.first_line));
         }
+    }
+
+    /// Whether the throttled batches go again, for one more round: not once
+    /// [`APPEND_THROTTLED_ROUNDS_MAX`] rounds in a row were throttled with nothing landing
+    /// between them. Then they stop, the first of them this append's failure.
+    fn throttled_round(&mut self) -> bool {
+        let landed = self.appended > self.appended_at_throttle;
+        self.throttled_rounds = if landed { 1 } else { self.throttled_rounds + 1 };
+        self.appended_at_throttle = self.appended;
+        if self.throttled_rounds > APPEND_THROTTLED_ROUNDS_MAX {
+            self.stop_throttled();
+            return false;
+        }
+        true
     }
 
     /// How long the server asked the throttled batches to wait (1 s if it did not say).
@@ -1792,6 +1802,37 @@ mod tests {
         let mut answers = Answers::default();
         assert!(answers.take(Err(mismatch()), kept(1, 1, Some(8))).is_none());
         assert!(answers.throttled.is_empty() && answers.refused.is_some());
+    }
+
+    /// A batch throttled round after round with nothing landing is given up after
+    /// APPEND_THROTTLED_ROUNDS_MAX rounds; anything landing starts the count again.
+    #[test]
+    fn throttled_rounds_with_nothing_landing_are_bounded() {
+        let capped = || api_error("resource_exhausted", serde_json::Value::Null, Some(1));
+        let mut answers = Answers::default();
+        // A round: the batch sent again (taken out of `throttled`) and throttled again.
+        let throttle = |answers: &mut Answers| {
+            answers.throttled.clear();
+            assert!(answers.take(Err(capped()), kept(2, 1, None)).is_none());
+        };
+        assert!(answers.take(ack(0, 1), kept(1, 1, None)).is_some());
+        for round in 1..=super::APPEND_THROTTLED_ROUNDS_MAX {
+            throttle(&mut answers);
+            assert!(answers.throttled_round(), "round {round} goes");
+        }
+        // Something lands between rounds (a batch answered before the throttled one's
+        // resend): the count starts again.
+        answers.appended += 1;
+        for round in 1..=super::APPEND_THROTTLED_ROUNDS_MAX {
+            throttle(&mut answers);
+            assert!(answers.throttled_round(), "round {round} after a landing goes");
+        }
+        throttle(&mut answers);
+        assert!(!answers.throttled_round(), "one round past the bound stops");
+        assert!(answers.throttled.is_empty());
+        let message = failure(answers);
+        assert!(message.starts_with("lines 2-2 were not appended: "), "{message}");
+        assert!(message.contains("resource_exhausted"), "{message}");
     }
 
     #[test]
