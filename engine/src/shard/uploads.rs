@@ -133,14 +133,16 @@ impl RefsTurn {
     }
 
     /// Waits until every earlier job is done with its refs; whether they all landed.
+    /// Cancel-safe: a wait dropped before its answer leaves the turn as it was.
     async fn wait(&mut self) -> bool {
         if let Some(landed) = self.earlier_landed {
             return landed;
         }
-        let landed = match self.before.take() {
+        let landed = match &self.before {
             Some(before) => before.recv_async().await.is_ok(),
             None => true,
         };
+        self.before = None;
         self.earlier_landed = Some(landed);
         landed
     }
@@ -519,26 +521,18 @@ mod tests {
                     RefsTurn::new(before.replace(landed), mine)
                 })
                 .collect();
-            let (first, second) = (turns.remove(0), turns.remove(0));
-            let heard = Rc::new(std::cell::Cell::new(None));
-            let waiting = glommio::spawn_local({
-                let heard = Rc::clone(&heard);
-                async move {
-                    let mut second = second;
-                    heard.set(Some(second.wait().await));
-                    second
-                }
-            });
-            glommio::timer::sleep(std::time::Duration::from_millis(20)).await;
-            assert_eq!(heard.get(), None, "the second waits while the first is not done");
+            let (first, mut second) = (turns.remove(0), turns.remove(0));
+            let not_yet = futures_lite::future::poll_once(second.wait()).await;
+            assert_eq!(not_yet, None, "the second waits while the first is not done");
             first.pass(true).await;
-            let second = waiting.await;
-            assert_eq!(heard.get(), Some(true), "the first landed");
+            assert!(second.wait().await, "the first landed");
+            // A wait dropped before its answer loses nothing: the third still hears that
+            // the second failed.
+            let (mut third, mut fourth) = (turns.remove(0), turns.remove(0));
+            assert_eq!(futures_lite::future::poll_once(third.wait()).await, None);
             second.pass(false).await;
-            let (mut third, fourth) = (turns.remove(0), turns.remove(0));
             assert!(!third.wait().await, "the second failed");
             third.pass(true).await;
-            let mut fourth = fourth;
             assert!(!fourth.wait().await, "an earlier failure is heard by every later job");
         });
     }
