@@ -749,7 +749,10 @@ fn fdatasync(dir: &Path, direct: bool, writes: usize) -> Finding {
     match time_syncs(&file, writes) {
         Err(error) => {
             finding("fdatasync", Status::Fail, format!("a write or fdatasync fails: {error}"))
-                .recommend("nova acknowledges express appends after fdatasync: check the disk")
+                .recommend(
+                    "nova acknowledges express appends once a write is flushed (fdatasync or \
+                     O_DSYNC): check the disk",
+                )
         }
         Ok(mut times) => {
             times.sort_unstable();

@@ -82,7 +82,7 @@ pub const JOURNAL_SPARE_SEGMENTS: Knob = Knob {
     min: 0,
     max: 64,
     help: "released express journal segments kept for reuse instead of deleted",
-    reason: "a reused segment skips the preallocation at a roll, and its blocks are already written, so O_DIRECT writes into it need no extent conversion before the fdatasync; two cover a roll while the uploader releases the next",
+    reason: "a reused segment skips the preallocation at a roll, and its blocks are already written, so O_DIRECT writes into it need no extent conversion before their flush; two cover a roll while the uploader releases the next",
 };
 
 /// Journal groups one shard keeps syncing while it writes the next.
@@ -93,8 +93,8 @@ pub const JOURNAL_SYNCS_IN_FLIGHT_MAX: Knob = Knob {
     default: 4,
     min: 1,
     max: 64,
-    help: "express journal groups whose fdatasync may be in flight while the shard writes the next group; groups are still acknowledged in order, and 1 writes and syncs one group at a time",
-    reason: "a group commit then costs the longer of its writes and its fdatasync, not their sum; on the 2-core VM, 4 against 1 raised binary 64-record appends over HTTP by 8-15% (bench http), after which the shard's core is the limit",
+    help: "express journal groups whose flush (fdatasync, or a one-entry group's O_DSYNC write) may be in flight while the shard writes the next group; groups are still acknowledged in order, and 1 writes and syncs one group at a time",
+    reason: "a group commit then costs the longer of its writes and its flush, not their sum; on the 2-core VM, 4 against 1 raised binary 64-record appends over HTTP by 8-15% (bench http), after which the shard's core is the limit",
 };
 
 /// Shard executors: one per core. 0 picks every core but one (the uploader's), at

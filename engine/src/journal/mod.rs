@@ -244,7 +244,7 @@ pub struct JournalStats {
     pub entries: u64,
     /// Bytes written for entries (envelopes, chunks, padding).
     pub bytes: u64,
-    /// Groups of several entries, made durable by fdatasync (one per file touched).
+    /// fdatasync calls: one per segment file each group of several entries touched.
     pub fdatasyncs: u64,
     /// Groups of one entry, written `O_DSYNC` (durable when the write completes).
     pub synced_writes: u64,
@@ -285,7 +285,8 @@ impl std::fmt::Debug for JournalRead {
 struct Segment {
     start: u64,
     len: u64,
-    /// Renames, removes and every write of a group of several entries go through it.
+    /// Reads, renames, removes and every write of a group of several entries go
+    /// through it.
     file: Rc<DmaFile>,
     /// The same file opened `O_DSYNC`, for a group of one entry. Only written and
     /// closed: after a recycle its own idea of its path is stale.
@@ -944,7 +945,7 @@ pub struct Written {
     /// Its place in write order: groups become durable in this order.
     ticket: u64,
     /// Its entries' writes, submitted and maybe not complete: [`Journal::sync`] awaits
-    /// them before its fdatasync.
+    /// them (before its fdatasync, if it has one).
     writes: Vec<PendingWrite>,
     entries: Vec<Appended>,
     /// The segment files to fdatasync, each once, with their start: none when its one
