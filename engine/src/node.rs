@@ -734,11 +734,25 @@ impl Client {
         bucket: &BucketName,
         key: &StreamKey,
         door: Door,
+        op: Op,
+    ) -> Result<Reply> {
+        self.call_on(bucket, key, door, None, op).await
+    }
+
+    /// [`Client::call`], to the stream `only` when given: NotFound if the address names
+    /// another.
+    async fn call_on(
+        &self,
+        bucket: &BucketName,
+        key: &StreamKey,
+        door: Door,
+        only: Option<StreamId>,
         mut op: Op,
     ) -> Result<Reply> {
         let address = (bucket.clone(), key.clone());
         for attempt in 0..ATTEMPTS_MAX {
             let cached = if attempt == 0 { self.cached(&address) } else { None };
+            let from_cache = cached.is_some();
             let record = match cached {
                 Some(record) => record,
                 None => {
@@ -747,6 +761,14 @@ impl Client {
                     record
                 }
             };
+            if only.is_some_and(|id| id != record.id) {
+                if from_cache {
+                    // The cache may be behind: resolve again before saying so.
+                    self.forget(&address);
+                    continue;
+                }
+                return Err(Error::stream_not_found(bucket, key));
+            }
             match self.send(record, op).await? {
                 Answer::Done(result) => return result,
                 Answer::Stale(returned) => {
@@ -811,15 +833,17 @@ impl Client {
         }
     }
 
-    /// Reads one page of a stream that must exist: never creates it, whatever its bucket
-    /// says (a subscription that must end when its stream is deleted).
+    /// Reads one page of the stream `stream` at the address: NotFound once the address
+    /// names no stream or another one (deleted and created anew), and never creates one,
+    /// whatever its bucket says (a subscription, which ends when its stream is deleted).
     pub async fn read_existing(
         &self,
         bucket: &BucketName,
         key: &StreamKey,
+        stream: StreamId,
         request: ReadRequest,
     ) -> Result<ReadReply> {
-        match self.call(bucket, key, Door::Observe, Op::Read(request)).await? {
+        match self.call_on(bucket, key, Door::Observe, Some(stream), Op::Read(request)).await? {
             Reply::Read(page) => Ok(page),
             other => Err(unexpected(&other)),
         }

@@ -282,19 +282,15 @@ impl Subscription {
             let wait = heartbeat.saturating_sub(last_event.elapsed());
             let wait = Some(wait).filter(|w| !w.is_zero());
             let next = self.left.request(self.wire, ReadStart::SeqNum(next_seq_num), false, wait);
-            let read = self.shared.client.read_existing(&self.bucket, &self.key, next).await;
+            let read =
+                self.shared.client.read_existing(&self.bucket, &self.key, self.stream, next).await;
             // The caller's token is checked again before anything read since goes out.
             let still = match &self.shared.auth {
                 Some(auth) => auth.still_valid(&self.caller, api::now_ms()),
                 None => Ok(()),
             };
             page = match (read, still) {
-                (Ok(page), Ok(())) if page.stream == self.stream => page,
-                (Ok(_), Ok(())) => {
-                    let gone = engine::Error::stream_not_found(&self.bucket, &self.key);
-                    self.send(self.error(&ApiError::from_engine(&gone))).await;
-                    return;
-                }
+                (Ok(page), Ok(())) => page,
                 (_, Err(error)) => {
                     self.send(self.error(&error)).await;
                     return;

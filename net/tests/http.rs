@@ -1919,6 +1919,14 @@ fn limits_at_their_edges_and_policies_over_http() {
 /// not_found after the old stream's records, never sending one of the new stream's.
 #[test]
 fn a_subscription_ends_when_its_stream_is_recreated_under_it() {
+    // The new stream longer than the old one (a read at the subscription's next position
+    // finds records of it) and shorter (that position is past its tail).
+    for new_records in [2048, 1] {
+        recreated_under_a_subscription(new_records);
+    }
+}
+
+fn recreated_under_a_subscription(new_records: usize) {
     let dir = tempdir();
     let nova = Nova::start(&dir.path().join("data"));
     nova.ok(
@@ -1948,9 +1956,7 @@ fn a_subscription_ends_when_its_stream_is_recreated_under_it() {
         pages = now;
     }
     assert_eq!(nova.call("DELETE", "/v1/streams/again/s", None).status, 204);
-    // More records than the old stream had, so a read at the subscription's next
-    // position finds some.
-    let new = json!({"records": vec![json!({"body": "n"}); 2048]}).to_string();
+    let new = json!({"records": vec![json!({"body": "n"}); new_records]}).to_string();
     nova.ok("POST", "/v1/streams/again/s/records", Some(&new), 200);
     let mut old_records = 0;
     let end = loop {
@@ -1967,8 +1973,9 @@ fn a_subscription_ends_when_its_stream_is_recreated_under_it() {
             _ => break next,
         }
     };
-    assert_eq!(end.event, "error", "{}", end.data);
-    assert_eq!(serde_json::from_str::<Value>(&end.data).expect("json")["code"], "not_found");
+    assert_eq!(end.event, "error", "{new_records} new records: {}", end.data);
+    let code = &serde_json::from_str::<Value>(&end.data).expect("json")["code"];
+    assert_eq!(code, "not_found", "{new_records} new records: {}", end.data);
     assert!(old_records < 16 * 64, "the premise: the subscription waited before the old end");
     assert!(next_event(&mut stream.body).expect("read").is_none(), "the stream closes");
 }
