@@ -443,11 +443,12 @@ impl Node {
     }
 
     /// Stops every shard's service (each finishes what it holds), then every shard
-    /// after the requests it holds are answered, and waits for them.
+    /// after the requests it holds are answered, and waits for them. The uploader's
+    /// drain time (`--uploader-drain-ms`) starts first: requests waiting on a store that
+    /// is down are answered unavailable when it is out, so the stop takes at most about
+    /// that long, whatever the store does.
     pub fn stop(mut self) {
-        if let Some(auditor) = self.auditor.take() {
-            auditor.stop();
-        }
+        self.uploader.drain();
         let mut services = Vec::new();
         for shard in self.client.shards.iter() {
             let (done, stopped) = flume::bounded(1);
@@ -463,6 +464,11 @@ impl Node {
         }
         for thread in self.threads {
             let _ = thread.join();
+        }
+        // After the services: a long pass of the auditor never delays the stop of
+        // accepting.
+        if let Some(auditor) = self.auditor.take() {
+            auditor.stop();
         }
         // Express chunks still uploading are safe in the journals (the next start
         // uploads them again); what the uploader holds gets its drain time.

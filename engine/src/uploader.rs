@@ -301,6 +301,9 @@ enum Side {
 
 enum Message {
     Upload(Request),
+    /// The drain time starts now: take requests still, send what is held at once, and
+    /// answer what is not durable by then `Unavailable` (and every request after).
+    Drain,
     Stop,
 }
 
@@ -537,10 +540,20 @@ impl Uploader {
         }
     }
 
+    /// Starts the drain time now, while the shards still finish what they hold: the
+    /// uploader goes on taking requests and sends what it holds at once, and when the
+    /// drain time is out it answers every request not durable `Unavailable`, uploads,
+    /// settled writes and reads alike, then and after. So a stopping node's wait for a
+    /// store that is down is bounded ([`Uploader::stop`] after it keeps the deadline).
+    pub fn drain(&self) {
+        let _ = self.tx.send(Message::Drain);
+    }
+
     /// Stops taking requests, uploads everything sent before this call (retrying for at
-    /// most the drain time; what is still not durable then is answered `Unavailable`),
-    /// and waits for the thread. Blocking: call it from an ordinary thread. Requests
-    /// other handles send afterwards are answered `Unavailable`.
+    /// most the drain time, from [`Uploader::drain`] if that came first; what is still
+    /// not durable then is answered `Unavailable`), and waits for the thread. Blocking:
+    /// call it from an ordinary thread. Requests other handles send afterwards are
+    /// answered `Unavailable`.
     pub fn stop(self) {
         // A full queue makes this wait its turn, behind everything already queued; a
         // gone thread (stopped by another handle) has nothing left to do.
@@ -757,11 +770,14 @@ struct Engine {
 
 impl Engine {
     async fn run(mut self) {
-        let mut drain_until: Option<tokio::time::Instant> = None;
+        // When the drain time is out (set by Drain or Stop), whether it is, and whether
+        // Stop came: then the loop ends once nothing is held.
+        let mut give_up_at: Option<tokio::time::Instant> = None;
+        let (mut gave_up, mut stopping) = (false, false);
         loop {
             let now = Instant::now();
             while self.in_flight.len() < self.config.uploads_in_flight_max {
-                let Some(cut) = self.cut_due(now, drain_until.is_some()) else { break };
+                let Some(cut) = self.cut_due(now, give_up_at.is_some()) else { break };
                 let c = &self.shared.counters;
                 match cut {
                     Cut::Size => c.cut_by_size.fetch_add(1, Ordering::Relaxed),
@@ -770,13 +786,12 @@ impl Engine {
                 };
                 self.cut_and_send();
             }
-            if drain_until.is_some() && self.pending.is_empty() && self.in_flight.is_empty() {
+            if stopping && self.pending.is_empty() && self.in_flight.is_empty() {
                 break;
             }
             // Intake pauses while a full bundle waits for an upload slot: that bounds the
             // bytes held here and pushes back on the shards through the channel.
-            let intake =
-                drain_until.is_none() && self.pending_bytes < self.config.bundle_bytes_target;
+            let intake = !stopping && self.pending_bytes < self.config.bundle_bytes_target;
             let slot_free = self.in_flight.len() < self.config.uploads_in_flight_max;
             let cut_at = self
                 .pending_since
@@ -785,31 +800,54 @@ impl Engine {
             // Never-firing stand-ins for timers that are off (select! evaluates them).
             let far = tokio::time::Instant::now() + Duration::from_secs(86_400);
             let side_slot = self.side_in_flight.len() < self.config.reads_in_flight_max;
+            let drain = || tokio::time::Instant::now() + self.config.drain;
             tokio::select! {
                 biased;
                 Some(_) = self.in_flight.join_next(), if !self.in_flight.is_empty() => {}
                 Some(_) = self.side_in_flight.join_next(), if !self.side_in_flight.is_empty() => {}
-                Ok(side) = self.side_rx.recv_async(), if side_slot && drain_until.is_none() => {
-                    self.start_side(side);
+                Ok(side) = self.side_rx.recv_async(), if side_slot && !stopping => {
+                    if gave_up {
+                        // Its reply sender dropped: answered unavailable.
+                        drop(side);
+                    } else {
+                        self.start_side(side);
+                    }
                 }
                 message = self.rx.recv_async(), if intake => match message {
+                    Ok(Message::Upload(request)) if gave_up => {
+                        let _ = request.reply.send(Err(stopped()));
+                    }
                     Ok(Message::Upload(request)) => self.accept(request),
+                    Ok(Message::Drain) => {
+                        give_up_at.get_or_insert_with(drain);
+                    }
                     // Stop, or every handle gone: finish what is held, for at most the drain.
                     Ok(Message::Stop) | Err(_) => {
-                        drain_until = Some(tokio::time::Instant::now() + self.config.drain);
+                        give_up_at.get_or_insert_with(drain);
+                        stopping = true;
+                        if gave_up {
+                            break;
+                        }
                     }
                 },
                 () = tokio::time::sleep_until(cut_at.map_or(far, tokio::time::Instant::from_std)), if cut_at.is_some() => {}
-                () = tokio::time::sleep_until(drain_until.unwrap_or(far)), if drain_until.is_some() => {
+                () = tokio::time::sleep_until(give_up_at.unwrap_or(far)), if give_up_at.is_some() && !gave_up => {
                     // Out of time: whatever is not durable is answered unavailable (its
                     // reply sender dropped with its task or here).
                     self.in_flight.abort_all();
+                    self.side_in_flight.abort_all();
                     while self.in_flight.join_next().await.is_some() {}
+                    while self.side_in_flight.join_next().await.is_some() {}
                     self.shared.counters.in_flight.store(0, Ordering::Relaxed);
                     for request in self.pending.drain(..) {
                         request.refuse(stopped());
                     }
-                    break;
+                    self.pending_bytes = 0;
+                    self.pending_since = None;
+                    gave_up = true;
+                    if stopping {
+                        break;
+                    }
                 }
             }
         }

@@ -350,6 +350,43 @@ fn history_lives_in_objects_s3() {
     history_lives_in_objects(s3());
 }
 
+/// A node stopping while its store is down stops within about the uploader's drain
+/// time: the standard append waiting on the store is answered unavailable (never
+/// acknowledged), and nothing waits for the store to come back.
+#[test]
+fn a_stop_while_the_store_is_down_takes_the_drain_time_not_forever() {
+    let backend = s3();
+    let proxy = backend.proxy.as_ref().expect("the s3 backend has a proxy");
+    let dir = tempfile::tempdir().expect("tempdir");
+    let mut config = node_config(dir.path(), &backend);
+    config.uploader.drain = Duration::from_millis(500);
+    let node = start(config);
+    let client = node.client();
+    let bucket = make_bucket(&client, "down", StorageClass::Standard, true);
+    proxy.set_down(true);
+    let append = thread::spawn({
+        let (client, bucket) = (client.clone(), bucket.clone());
+        move || {
+            let body = b"waits on the store".to_vec();
+            block_on(client.append(&bucket, &key("k"), batch(&[body], AppendConditions::default())))
+        }
+    });
+    wait_until("the uploader tries the store", || client.uploader_stats().put_failures >= 2);
+    let (stopped_tx, stopped) = std::sync::mpsc::channel();
+    let started = Instant::now();
+    thread::spawn(move || {
+        node.stop();
+        let _ = stopped_tx.send(());
+    });
+    stopped.recv_timeout(Duration::from_secs(30)).expect("the stop ended (drain 500 ms)");
+    let took = started.elapsed();
+    let answer = append.join().expect("the appending thread");
+    let error = answer.expect_err("nothing reached the store, so nothing was acknowledged");
+    assert_eq!(error.code(), engine::Code::Unavailable, "{error}");
+    assert!(took < Duration::from_secs(10), "the stop took {took:?}");
+    proxy.set_down(false);
+}
+
 #[test]
 fn an_object_store_outage_backs_appends_up_and_loses_nothing() {
     let backend = s3();

@@ -507,7 +507,7 @@ pub const UPLOAD_BACKOFF_MAX_MS: Knob = Knob {
     reason: "appends resume within five seconds of the store's return, while an outage costs the store one request per bundle every few seconds",
 };
 
-/// How long a stopping uploader keeps retrying what it holds.
+/// How long a stopping node keeps retrying what its uploader holds, from the stop's start.
 pub const UPLOADER_DRAIN_MS: Knob = Knob {
     flag: "uploader-drain-ms",
     env: "NOVA_UPLOADER_DRAIN_MS",
@@ -515,7 +515,7 @@ pub const UPLOADER_DRAIN_MS: Knob = Knob {
     default: 30_000,
     min: 0,
     max: 3_600_000,
-    help: "how long a stopping uploader keeps sending the bundles it holds; what is still not durable then is answered unavailable",
+    help: "how long a stopping node keeps sending what its uploader holds, counted from the signal: the uploader sends it at once, and what is still not durable then (appends to standard streams, settled objects) is answered unavailable, so a stop never waits on a store that is down for longer",
     reason: "half a minute rides out a short outage at shutdown without making a stop hang on a store that is down",
 };
 
