@@ -355,9 +355,21 @@ pub fn run(args: &[String]) -> Result<(), String> {
     crate::log::start(usize::try_from(log_queue_lines).unwrap_or(usize::MAX))
         .map_err(|e| format!("cannot start the log writer thread: {e}"))?;
 
-    // Registered before the node starts, so a signal during start is not lost.
+    // Registered before the node starts, so a signal during start is not lost; its own
+    // thread hands each on, so a second one can be heard while the first one's stop runs.
     let mut signals =
         Signals::new([SIGTERM, SIGINT]).map_err(|e| format!("cannot handle signals: {e}"))?;
+    let (signal_tx, signal_rx) = flume::bounded(2);
+    std::thread::Builder::new()
+        .name("nova-signals".into())
+        .spawn(move || {
+            for signal in signals.forever() {
+                if signal_tx.send(signal).is_err() {
+                    return;
+                }
+            }
+        })
+        .map_err(|e| format!("cannot start the signal thread: {e}"))?;
     let shard_count = config.shards;
     let metrics = Arc::new(Metrics::new(shard_count));
     let (bound_tx, bound_rx) = flume::unbounded();
@@ -389,9 +401,25 @@ pub fn run(args: &[String]) -> Result<(), String> {
         let _ = writeln!(stdout, "nova listening on http://{listen}");
         let _ = stdout.flush();
     }
-    if let Some(signal) = signals.forever().next() {
-        crate::log_line!("nova: signal {signal}: stopping (finishing requests in hand)");
+    if let Ok(signal) = signal_rx.recv() {
+        crate::log_line!(
+            "nova: signal {signal}: stopping (finishing requests in hand; a second signal \
+             stops at once)"
+        );
     }
+    // A second signal ends the process at once, with 128 + its number. Nothing
+    // acknowledged is lost (it is in the journal or the object store already); requests
+    // in hand are cut unanswered, as in a crash.
+    std::thread::Builder::new()
+        .name("nova-signals-again".into())
+        .spawn(move || {
+            if let Ok(signal) = signal_rx.recv() {
+                crate::log_line!("nova: signal {signal} again: exiting now, requests in hand cut");
+                crate::log::flush(Duration::from_secs(1));
+                std::process::exit(128 + signal);
+            }
+        })
+        .map_err(|e| format!("cannot start the signal thread: {e}"))?;
     node.stop();
     crate::log_line!("nova: stopped");
     Ok(())

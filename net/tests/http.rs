@@ -1490,6 +1490,89 @@ fn a_log_nobody_reads_stops_no_request() {
     assert!(started.elapsed() < Duration::from_secs(20), "stopping took {:?}", started.elapsed());
 }
 
+/// A stop held up (here by a standard append waiting on a store that is down, with a
+/// drain time of ten minutes) ends at once on a second signal, with 128 + its number, and
+/// what was acknowledged before is all there after a restart.
+#[test]
+fn a_second_sigterm_ends_a_stop_at_once_and_loses_nothing_acknowledged() {
+    let moto = s3::testing::Moto::start();
+    moto.create_bucket("nova");
+    let proxy = s3::testing::Proxy::start(moto.port, Vec::new());
+    let endpoint = proxy.endpoint();
+    let dir = tempdir();
+    let data = dir.path().join("data");
+    let flags = [
+        "--s3-bucket",
+        "nova",
+        "--s3-endpoint",
+        &endpoint,
+        "--s3-region",
+        "us-east-1",
+        "--s3-path-style",
+        "--s3-access-key-id",
+        "test",
+        "--s3-secret-access-key",
+        "test",
+    ];
+    let drain = ["--uploader-drain-ms", "600000"];
+    let nova = Nova::start_with(&data, &[&flags[..], &drain[..]].concat(), &[]);
+    nova.ok("POST", "/v1/buckets/held", Some(r#"{"create_stream_on_append":true}"#), 201);
+    for class in ["standard", "express"] {
+        let body = format!(r#"{{"class":"{class}"}}"#);
+        nova.ok("POST", &format!("/v1/streams/held/{class}"), Some(&body), 201);
+        let records = format!(r#"{{"records":[{{"body":"{class} 0"}},{{"body":"{class} 1"}}]}}"#);
+        nova.ok("POST", &format!("/v1/streams/held/{class}/records"), Some(&records), 200);
+    }
+    proxy.set_down(true);
+    let started = std::thread::scope(|scope| {
+        // Cut unanswered (its connection closed) or answered unavailable: never 200.
+        let held = scope.spawn(|| {
+            let body = br#"{"records":[{"body":"held"}]}"#;
+            let path = "/v1/streams/held/standard/records";
+            net::client::http::open(&nova.server, "POST", path, &[], Some(body), None)
+                .map(|answer| answer.status)
+        });
+        while nova.metric("nova_http_requests_in_flight") < 2 {
+            std::thread::yield_now();
+        }
+        let signal = || {
+            // SAFETY: kill(2) on our own child, which has not been waited for.
+            assert_eq!(unsafe { libc::kill(nova.pid(), libc::SIGTERM) }, 0);
+        };
+        signal();
+        // The first signal is heard once the server stops accepting.
+        let address = nova.url.trim_start_matches("http://").to_owned();
+        while std::net::TcpStream::connect(&address).is_ok() {
+            std::thread::yield_now();
+        }
+        let started = Instant::now();
+        signal();
+        let held = held.join().expect("the held append");
+        assert!(held.as_ref().is_ok_and(|&status| status == 503) || held.is_err(), "{held:?}");
+        started
+    });
+    let status = nova.wait_exit();
+    assert!(
+        started.elapsed() < Duration::from_secs(10),
+        "the second signal took {:?}",
+        started.elapsed()
+    );
+    assert_eq!(status.code(), Some(128 + libc::SIGTERM), "{status}");
+    proxy.set_down(false);
+    let nova = Nova::start_with(&data, &flags, &[]);
+    for class in ["standard", "express"] {
+        let read =
+            nova.ok("GET", &format!("/v1/streams/held/{class}/records?seq_num=0"), None, 200);
+        let bodies: Vec<&str> = read["records"]
+            .as_array()
+            .expect("records")
+            .iter()
+            .map(|r| r["body"].as_str().expect("body"))
+            .collect();
+        assert_eq!(bodies, [format!("{class} 0"), format!("{class} 1")], "{class}: {read}");
+    }
+}
+
 fn sigterm_case(store: Store) {
     let dir = tempdir();
     let data = dir.path().join("data");
