@@ -56,6 +56,8 @@ pub struct Settings {
     /// A connection with no request being answered, or whose client has taken no byte of
     /// an answer, is closed after this long.
     pub idle_timeout: Duration,
+    /// What `idle_timeout` becomes (when shorter) once a graceful stop begins.
+    pub shutdown_idle: Duration,
     /// A request that succeeds is logged only when it took at least this long.
     pub log_slow: Duration,
     /// Request log lines a shard writes per second at most.

@@ -19,13 +19,14 @@ use crate::server::{self, ServerConfig};
 /// The HTTP server's knobs; the engine's are `engine::node::engine_knobs()` and the S3
 /// store's [`S3_KNOBS`]. Together they are every knob (`tuning::KNOBS`), and `nova serve`
 /// takes each as a flag.
-pub const HTTP_KNOBS: [Knob; 11] = [
+pub const HTTP_KNOBS: [Knob; 12] = [
     tuning::HTTP_CONNECTIONS_MAX,
     tuning::HTTP_BODY_BYTES_MAX,
     tuning::HTTP_JSON_BODY_BYTES_MAX,
     tuning::HTTP_BODY_MEMORY_BYTES,
     tuning::HTTP_HEAD_BYTES_MAX,
     tuning::HTTP_IDLE_TIMEOUT_MS,
+    tuning::HTTP_SHUTDOWN_IDLE_MS,
     tuning::HTTP_LOG_SLOW_MS,
     tuning::HTTP_LOG_LINES_PER_SECOND,
     tuning::LOG_QUEUE_LINES,
@@ -345,6 +346,8 @@ pub fn run(args: &[String]) -> Result<(), String> {
     server_config.settings.head_bytes_max = knob(&flags, tuning::HTTP_HEAD_BYTES_MAX)?;
     server_config.settings.idle_timeout =
         Duration::from_millis(knob(&flags, tuning::HTTP_IDLE_TIMEOUT_MS)?);
+    server_config.settings.shutdown_idle =
+        Duration::from_millis(knob(&flags, tuning::HTTP_SHUTDOWN_IDLE_MS)?);
     server_config.settings.log_slow =
         Duration::from_millis(knob(&flags, tuning::HTTP_LOG_SLOW_MS)?);
     server_config.settings.log_lines_per_second = knob(&flags, tuning::HTTP_LOG_LINES_PER_SECOND)?;

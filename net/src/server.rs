@@ -58,6 +58,7 @@ impl ServerConfig {
                 body_memory_bytes: tuning::HTTP_BODY_MEMORY_BYTES.default,
                 head_bytes_max: tuning::HTTP_HEAD_BYTES_MAX.default,
                 idle_timeout: Duration::from_millis(tuning::HTTP_IDLE_TIMEOUT_MS.default),
+                shutdown_idle: Duration::from_millis(tuning::HTTP_SHUTDOWN_IDLE_MS.default),
                 log_slow: Duration::from_millis(tuning::HTTP_LOG_SLOW_MS.default),
                 log_lines_per_second: tuning::HTTP_LOG_LINES_PER_SECOND.default,
                 heartbeat: Duration::from_millis(tuning::SSE_HEARTBEAT_MS.default),
@@ -215,6 +216,9 @@ async fn connection(shared: Rc<Shared>, stream: TcpStream, permit: StaticPermit)
         if !shutting_down && stop.as_mut().poll(cx).is_ready() {
             shutting_down = true;
             connection.as_mut().graceful_shutdown();
+            // hyper closes a connection between requests now, but one that never sent a
+            // request, or whose client stopped reading, is the watchdog's, sooner.
+            watchdog.shorten(shared.settings.shutdown_idle);
         }
         if let Poll::Ready(result) = connection.as_mut().poll(cx) {
             return Poll::Ready(Ok(result));
@@ -321,6 +325,14 @@ impl Watchdog {
             due: Instant::now() + timeout,
             armed: false,
             timeout,
+        }
+    }
+
+    /// Makes the timeout `timeout` when that is shorter, from the next poll on.
+    fn shorten(&mut self, timeout: Duration) {
+        if timeout < self.timeout {
+            self.timeout = timeout;
+            self.due = Instant::now();
         }
     }
 

@@ -1490,6 +1490,26 @@ fn a_log_nobody_reads_stops_no_request() {
     assert!(started.elapsed() < Duration::from_secs(20), "stopping took {:?}", started.elapsed());
 }
 
+/// A graceful stop does not wait out `--http-idle-timeout-ms` (2 minutes here) for a
+/// subscriber that stopped reading: it is closed within `--http-shutdown-idle-ms`. Nor
+/// for a connection that never sent a request (hyper closes that one at once).
+#[test]
+fn a_stop_closes_connections_that_take_or_send_nothing() {
+    let dir = tempdir();
+    let nova = Nova::start(&dir.path().join("data"));
+    let stalled = a_stalled_subscription(&nova, "stalled", &"s".repeat(16 << 10));
+    let address = nova.url.trim_start_matches("http://").to_owned();
+    let silent = std::net::TcpStream::connect(&address).expect("connect");
+    while nova.metric("nova_http_connections_open") < 3 {
+        std::thread::yield_now();
+    }
+    let started = Instant::now();
+    let exit = nova.terminate();
+    assert!(exit.success(), "{exit}");
+    assert!(started.elapsed() < Duration::from_secs(20), "stopping took {:?}", started.elapsed());
+    drop((stalled, silent));
+}
+
 /// A stop held up (here by a standard append waiting on a store that is down, with a
 /// drain time of ten minutes) ends at once on a second signal, with 128 + its number, and
 /// what was acknowledged before is all there after a restart.
@@ -2009,35 +2029,38 @@ fn a_subscription_ends_when_its_stream_is_recreated_under_it() {
     }
 }
 
-fn recreated_under_a_subscription(new_records: usize) {
-    let dir = tempdir();
-    let nova = Nova::start(&dir.path().join("data"));
-    nova.ok(
-        "POST",
-        "/v1/buckets/again",
-        Some(r#"{"create_stream_on_append":true,"default_class":"express"}"#),
-        201,
-    );
-    // 16 MiB of history: more than the subscription's queue, hyper's buffer and the
-    // sockets' hold, so the subscription stops on a full queue before its end.
-    let old = "o".repeat(16 << 10);
-    let batch = json!({"records": vec![json!({"body": old}); 64]}).to_string();
+/// A subscription from the start of stream `s` of a new bucket `bucket`, over 16 MiB of
+/// history (1,024 records of `body`, 16 KiB) that its client does not read: more than
+/// the subscription's queue, hyper's buffer and the sockets hold, so it stops reading
+/// pages on a full queue before its end. Returned once it has.
+fn a_stalled_subscription(nova: &Nova, bucket: &str, body: &str) -> client::Streaming {
+    let config = r#"{"create_stream_on_append":true,"default_class":"express"}"#;
+    nova.ok("POST", &format!("/v1/buckets/{bucket}"), Some(config), 201);
+    let batch = json!({"records": vec![json!({"body": body}); 64]}).to_string();
     for _ in 0..16 {
-        nova.ok("POST", "/v1/streams/again/s/records", Some(&batch), 200);
+        nova.ok("POST", &format!("/v1/streams/{bucket}/s/records"), Some(&batch), 200);
     }
-    let mut stream = subscribe(&nova, "again", "seq_num=0", &[]);
-    // Until the subscription has stopped reading pages: its queue is full.
+    let stream = subscribe(nova, bucket, "seq_num=0", &[]);
+    // Until the subscription has stopped reading pages (a count that has stopped moving
+    // is all a client can see of it).
     let deadline = Instant::now() + Duration::from_secs(30);
     let mut pages = nova.metric("nova_reads_total");
     loop {
         std::thread::sleep(Duration::from_millis(200));
         let now = nova.metric("nova_reads_total");
         if now == pages {
-            break;
+            return stream;
         }
         assert!(Instant::now() < deadline, "the subscription never stopped reading");
         pages = now;
     }
+}
+
+fn recreated_under_a_subscription(new_records: usize) {
+    let dir = tempdir();
+    let nova = Nova::start(&dir.path().join("data"));
+    let old = "o".repeat(16 << 10);
+    let mut stream = a_stalled_subscription(&nova, "again", &old);
     assert_eq!(nova.call("DELETE", "/v1/streams/again/s", None).status, 204);
     let new = json!({"records": vec![json!({"body": "n"}); new_records]}).to_string();
     nova.ok("POST", "/v1/streams/again/s/records", Some(&new), 200);

@@ -519,6 +519,18 @@ pub const UPLOADER_DRAIN_MS: Knob = Knob {
     reason: "half a minute rides out a short outage at shutdown without making a stop hang on a store that is down",
 };
 
+/// At a graceful stop, how long a connection may sit idle before it is closed.
+pub const HTTP_SHUTDOWN_IDLE_MS: Knob = Knob {
+    flag: "http-shutdown-idle-ms",
+    env: "NOVA_HTTP_SHUTDOWN_IDLE_MS",
+    unit: Unit::Milliseconds,
+    default: 1_000,
+    min: 0,
+    max: 600_000,
+    help: "once a graceful stop begins, --http-idle-timeout-ms becomes this (when shorter): a connection that has sent no request, or still sends its head, or whose client has taken no byte of an answer for this long, is closed; requests being answered are not cut",
+    reason: "a stop should not wait two minutes for a pooled connection that never sends a request, or a subscriber that stopped reading; a second covers a request head already on its way",
+};
+
 /// Connections one shard serves at once; the next waits in the listen backlog.
 pub const HTTP_CONNECTIONS_MAX: Knob = Knob {
     flag: "http-connections-max",
@@ -698,6 +710,7 @@ pub const KNOBS: &[Knob] = &[
     HTTP_BODY_MEMORY_BYTES,
     HTTP_HEAD_BYTES_MAX,
     HTTP_IDLE_TIMEOUT_MS,
+    HTTP_SHUTDOWN_IDLE_MS,
     HTTP_LOG_SLOW_MS,
     HTTP_LOG_LINES_PER_SECOND,
     LOG_QUEUE_LINES,
