@@ -17,7 +17,11 @@
 //! Memory per subscriber is bounded: events go through a channel of
 //! [`EVENTS_QUEUED_MAX`] events of at most one page each (1 MiB of content for SSE,
 //! [`BINARY_PAGE_BYTES_MAX`] for the binary framing); a subscriber that does not read
-//! leaves the task waiting on the channel, not buffering.
+//! leaves the task waiting on the channel, not buffering. With the page hyper is
+//! writing and the one the task holds, that is six pages: 24 MiB for the binary
+//! framing, and for SSE 6 MiB of content, whose JSON may be several times that (a
+//! control byte is six characters escaped). It is not counted in any budget: the
+//! connection limit (`--http-connections-max`) is what bounds subscribers' memory.
 
 use std::rc::Rc;
 use std::time::Instant;
@@ -42,8 +46,8 @@ use crate::wire::{self, Encoding};
 
 /// Events queued for one subscriber before its task waits.
 pub const EVENTS_QUEUED_MAX: usize = 4;
-/// Content bytes of one binary subscription page: with [`EVENTS_QUEUED_MAX`] pages
-/// queued, a subscriber holds at most 16 MiB.
+/// Content bytes of one binary subscription page (a subscriber holds at most six: see
+/// the module docs).
 pub const BINARY_PAGE_BYTES_MAX: u64 = 4 << 20;
 
 /// How a subscription's events are written.

@@ -7,6 +7,7 @@ use std::io::{BufRead, BufReader};
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command, ExitStatus, Stdio};
 use std::sync::Arc;
+use std::time::Duration;
 
 use s3::testing::Moto;
 
@@ -229,9 +230,10 @@ impl Nova {
         self.child.as_ref().map_or(0, |c| c.id() as i32)
     }
 
-    /// Waits for the child to exit (after a signal sent elsewhere).
+    /// Waits for the child to exit (after a signal sent elsewhere); fails the test, after
+    /// killing it, if it has not within a minute: a stop that hangs.
     pub fn wait_exit(mut self) -> ExitStatus {
-        self.child.take().expect("running").wait().expect("wait for nova")
+        exit_within(self.child.take().expect("running"), STOP_WAIT_MAX)
     }
 
     /// SIGKILL, then the exit status: a crash, with nothing flushed or closed.
@@ -243,13 +245,32 @@ impl Nova {
 
     /// SIGTERM, then the exit status.
     pub fn terminate(mut self) -> ExitStatus {
-        let mut child = self.child.take().expect("running");
+        let child = self.child.take().expect("running");
         // SAFETY: kill(2) on the pid of our own child, which has not been waited for, so
         // the pid cannot have been reused.
         let sent = unsafe { libc::kill(child.id() as i32, libc::SIGTERM) };
         assert_eq!(sent, 0, "send SIGTERM");
-        child.wait().expect("wait for nova")
+        exit_within(child, STOP_WAIT_MAX)
     }
+}
+
+/// The longest a test waits for a signalled server to exit.
+const STOP_WAIT_MAX: Duration = Duration::from_secs(60);
+
+/// The child's exit status, once it exits within `limit`; else it is killed and the
+/// test fails.
+fn exit_within(mut child: Child, limit: Duration) -> ExitStatus {
+    let pid = child.id() as i32;
+    let (exited, status) = std::sync::mpsc::channel();
+    std::thread::spawn(move || {
+        let _ = exited.send(child.wait().expect("wait for nova"));
+    });
+    status.recv_timeout(limit).unwrap_or_else(|_| {
+        // SAFETY: kill(2) on our own child, which the thread above has not reaped yet (it
+        // would have sent its status).
+        unsafe { libc::kill(pid, libc::SIGKILL) };
+        panic!("nova (pid {pid}) did not exit within {limit:?} of its signal")
+    })
 }
 
 impl Drop for Nova {
