@@ -1490,6 +1490,35 @@ fn a_log_nobody_reads_stops_no_request() {
     assert!(started.elapsed() < Duration::from_secs(20), "stopping took {:?}", started.elapsed());
 }
 
+/// A stream trimmed under a subscriber that is behind: what it had queued before the
+/// trim still arrives, then it goes on from the trim watermark (streams.md: a start
+/// below it moves up to it), in order, with every record from there to the tail.
+#[test]
+fn a_subscription_behind_a_trim_moves_up_to_the_watermark() {
+    const WATERMARK: u64 = 900;
+    let dir = tempdir();
+    let nova = Nova::start(&dir.path().join("data"));
+    let mut stream = a_stalled_subscription(&nova, "trimmed", &"t".repeat(16 << 10));
+    let trim = json!({"seq_num": WATERMARK}).to_string();
+    nova.ok("POST", "/v1/streams/trimmed/s/trim", Some(&trim), 200);
+    let mut seen: Vec<u64> = Vec::new();
+    while seen.last() != Some(&1023) {
+        let next = event(&mut stream);
+        if next.event == "batch" {
+            let data: Value = serde_json::from_str(&next.data).expect("json");
+            let records = data["records"].as_array().expect("records");
+            seen.extend(records.iter().map(|r| r["seq_num"].as_u64().expect("seq_num")));
+        } else {
+            assert_eq!(next.event, "ping", "{}", next.data);
+        }
+    }
+    assert!(seen.windows(2).all(|w| w[0] < w[1]), "in order, never twice");
+    let below = seen.iter().filter(|&&seq| seq < WATERMARK).count() as u64;
+    assert!(below < WATERMARK, "the premise: the subscription was behind the trim: {below}");
+    assert_eq!(seen[below as usize..], (WATERMARK..1024).collect::<Vec<_>>()[..]);
+    assert_eq!(seen[..below as usize], (0..below).collect::<Vec<_>>()[..], "what was queued");
+}
+
 /// A graceful stop does not wait out `--http-idle-timeout-ms` (2 minutes here) for a
 /// subscriber that stopped reading: it is closed within `--http-shutdown-idle-ms`. Nor
 /// for a connection that never sent a request (hyper closes that one at once).
