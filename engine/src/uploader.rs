@@ -275,6 +275,9 @@ pub struct Uploader {
     /// Reads and single-object writes have their own queue: a backlog of uploads never
     /// delays a read of history.
     side: flume::Sender<Side>,
+    /// The start of the drain time ([`Uploader::drain`]): a path of its own, read
+    /// whatever the upload queue holds, and never waited on by the sender.
+    drain: flume::Sender<()>,
     shared: Arc<Shared>,
 }
 
@@ -301,9 +304,6 @@ enum Side {
 
 enum Message {
     Upload(Request),
-    /// The drain time starts now: take requests still, send what is held at once, and
-    /// answer what is not durable by then `Unavailable` (and every request after).
-    Drain,
     Stop,
 }
 
@@ -378,6 +378,7 @@ impl Uploader {
             .map_err(|e| Error::internal(format!("start the uploader's tokio runtime: {e}")))?;
         let (tx, rx) = flume::bounded(config.queue_depth);
         let (side, side_rx) = flume::bounded(config.reads_in_flight_max);
+        let (drain, drain_rx) = flume::bounded(1);
         let shared = Arc::new(Shared {
             thread: Mutex::new(None),
             counters: Counters::default(),
@@ -397,6 +398,7 @@ impl Uploader {
             shared: Arc::clone(&shared),
             rx,
             side_rx,
+            drain_rx,
             side_in_flight: JoinSet::new(),
             pending: Vec::new(),
             pending_bytes: 0,
@@ -428,7 +430,7 @@ impl Uploader {
             Err(_) => return Err(Error::internal("the uploader thread died while starting")),
         }
         *lock(&shared.thread) = Some(thread);
-        Ok(Uploader { tx, side, shared })
+        Ok(Uploader { tx, side, drain, shared })
     }
 
     /// Uploads `chunks` (sealed; read, never written) in one
@@ -546,7 +548,8 @@ impl Uploader {
     /// settled writes and reads alike, then and after. So a stopping node's wait for a
     /// store that is down is bounded ([`Uploader::stop`] after it keeps the deadline).
     pub fn drain(&self) {
-        let _ = self.tx.send(Message::Drain);
+        // Full: a drain is already on its way.
+        let _ = self.drain.try_send(());
     }
 
     /// Stops taking requests, uploads everything sent before this call (retrying for at
@@ -757,6 +760,8 @@ struct Engine {
     key_prefix: String,
     shared: Arc<Shared>,
     rx: flume::Receiver<Message>,
+    /// [`Uploader::drain`]'s path: read even while intake pauses on a full bundle.
+    drain_rx: flume::Receiver<()>,
     side_rx: flume::Receiver<Side>,
     side_in_flight: JoinSet<()>,
     /// Requests waiting for a bundle, in arrival order.
@@ -813,14 +818,14 @@ impl Engine {
                         self.start_side(side);
                     }
                 }
+                Ok(()) = self.drain_rx.recv_async(), if give_up_at.is_none() => {
+                    give_up_at = Some(drain());
+                }
                 message = self.rx.recv_async(), if intake => match message {
                     Ok(Message::Upload(request)) if gave_up => {
                         let _ = request.reply.send(Err(stopped()));
                     }
                     Ok(Message::Upload(request)) => self.accept(request),
-                    Ok(Message::Drain) => {
-                        give_up_at.get_or_insert_with(drain);
-                    }
                     // Stop, or every handle gone: finish what is held, for at most the drain.
                     Ok(Message::Stop) | Err(_) => {
                         give_up_at.get_or_insert_with(drain);

@@ -351,8 +351,9 @@ fn history_lives_in_objects_s3() {
 }
 
 /// A node stopping while its store is down stops within about the uploader's drain
-/// time: the standard append waiting on the store is answered unavailable (never
-/// acknowledged), and nothing waits for the store to come back.
+/// time, even with its uploader backed up (its one upload slot retrying, a full bundle
+/// pending, more requests queued behind): the standard appends waiting on the store are
+/// answered unavailable (never acknowledged), and nothing waits for the store to return.
 #[test]
 fn a_stop_while_the_store_is_down_takes_the_drain_time_not_forever() {
     let backend = s3();
@@ -360,18 +361,27 @@ fn a_stop_while_the_store_is_down_takes_the_drain_time_not_forever() {
     let dir = tempfile::tempdir().expect("tempdir");
     let mut config = node_config(dir.path(), &backend);
     config.uploader.drain = Duration::from_millis(500);
+    config.uploader.uploads_in_flight_max = 1;
+    config.uploader.bundle_bytes_target = 64 << 10;
     let node = start(config);
     let client = node.client();
     let bucket = make_bucket(&client, "down", StorageClass::Standard, true);
     proxy.set_down(true);
-    let append = thread::spawn({
-        let (client, bucket) = (client.clone(), bucket.clone());
-        move || {
-            let body = b"waits on the store".to_vec();
-            block_on(client.append(&bucket, &key("k"), batch(&[body], AppendConditions::default())))
-        }
+    let appends: Vec<_> = (0..8)
+        .map(|i| {
+            let (client, bucket) = (client.clone(), bucket.clone());
+            thread::spawn(move || {
+                let body = vec![b'a' + i; 64 << 10];
+                let request = batch(&[body], AppendConditions::default());
+                // A stream each: each stream's chunk is an upload request of its own.
+                block_on(client.append(&bucket, &key(&format!("k{i}")), request))
+            })
+        })
+        .collect();
+    wait_until("the uploader backs up", || {
+        let stats = client.uploader_stats();
+        stats.put_failures >= 2 && stats.queue_depth >= 1
     });
-    wait_until("the uploader tries the store", || client.uploader_stats().put_failures >= 2);
     let (stopped_tx, stopped) = std::sync::mpsc::channel();
     let started = Instant::now();
     thread::spawn(move || {
@@ -380,9 +390,11 @@ fn a_stop_while_the_store_is_down_takes_the_drain_time_not_forever() {
     });
     stopped.recv_timeout(Duration::from_secs(30)).expect("the stop ended (drain 500 ms)");
     let took = started.elapsed();
-    let answer = append.join().expect("the appending thread");
-    let error = answer.expect_err("nothing reached the store, so nothing was acknowledged");
-    assert_eq!(error.code(), engine::Code::Unavailable, "{error}");
+    for append in appends {
+        let answer = append.join().expect("an appending thread");
+        let error = answer.expect_err("nothing reached the store, so nothing was acknowledged");
+        assert_eq!(error.code(), engine::Code::Unavailable, "{error}");
+    }
     assert!(took < Duration::from_secs(10), "the stop took {took:?}");
     proxy.set_down(false);
 }

@@ -332,6 +332,9 @@ impl Watchdog {
     fn shorten(&mut self, timeout: Duration) {
         if timeout < self.timeout {
             self.timeout = timeout;
+            // Armed, so the next poll measures against it, even on a connection not
+            // polled before (whose timer still counts the old timeout).
+            self.armed = true;
             self.due = Instant::now();
         }
     }

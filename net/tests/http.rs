@@ -1520,8 +1520,8 @@ fn a_subscription_behind_a_trim_moves_up_to_the_watermark() {
 }
 
 /// A graceful stop does not wait out `--http-idle-timeout-ms` (2 minutes here) for a
-/// subscriber that stopped reading: it is closed within `--http-shutdown-idle-ms`. Nor
-/// for a connection that never sent a request (hyper closes that one at once).
+/// subscriber that stopped reading, nor for a connection that never sent a request: both
+/// are closed within `--http-shutdown-idle-ms`.
 #[test]
 fn a_stop_closes_connections_that_take_or_send_nothing() {
     let dir = tempdir();

@@ -525,7 +525,7 @@ pub const HTTP_SHUTDOWN_IDLE_MS: Knob = Knob {
     env: "NOVA_HTTP_SHUTDOWN_IDLE_MS",
     unit: Unit::Milliseconds,
     default: 1_000,
-    min: 0,
+    min: 100,
     max: 600_000,
     help: "once a graceful stop begins, --http-idle-timeout-ms becomes this (when shorter): a connection that has sent no request, or still sends its head, or whose client has taken no byte of an answer for this long, is closed; requests being answered are not cut",
     reason: "a stop should not wait two minutes for a pooled connection that never sends a request, or a subscriber that stopped reading; a second covers a request head already on its way",
