@@ -2,6 +2,8 @@
 //! data directory fails the run, and the S3 round trip works against moto and leaves
 //! nothing behind.
 
+mod common;
+
 use std::path::Path;
 use std::process::{Command, Output};
 
@@ -172,20 +174,8 @@ fn s3_round_trip_against_moto() {
     let moto = Moto::start();
     moto.create_bucket("nova");
     let dir = tempfile::tempdir_in(env!("CARGO_TARGET_TMPDIR")).expect("tempdir");
-    let endpoint = moto.endpoint();
-    let s3 = [
-        "--s3-bucket",
-        "nova",
-        "--s3-endpoint",
-        &endpoint,
-        "--s3-region",
-        "us-east-1",
-        "--s3-path-style",
-        "--s3-access-key-id",
-        "test",
-        "--s3-secret-access-key",
-        "test",
-    ];
+    let s3 = common::s3_flags(&moto.endpoint());
+    let s3: Vec<&str> = s3.iter().map(String::as_str).collect();
     let (code, report) = doctor_json(&dir.path().join("data"), &s3);
     check_shape(code, &report);
     assert_eq!(status(&report, "object_store"), "ok", "{report}");

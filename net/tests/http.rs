@@ -1548,22 +1548,10 @@ fn a_second_sigterm_ends_a_stop_at_once_and_loses_nothing_acknowledged() {
     let moto = s3::testing::Moto::start();
     moto.create_bucket("nova");
     let proxy = s3::testing::Proxy::start(moto.port, Vec::new());
-    let endpoint = proxy.endpoint();
     let dir = tempdir();
     let data = dir.path().join("data");
-    let flags = [
-        "--s3-bucket",
-        "nova",
-        "--s3-endpoint",
-        &endpoint,
-        "--s3-region",
-        "us-east-1",
-        "--s3-path-style",
-        "--s3-access-key-id",
-        "test",
-        "--s3-secret-access-key",
-        "test",
-    ];
+    let s3 = common::s3_flags(&proxy.endpoint());
+    let flags: Vec<&str> = s3.iter().map(String::as_str).collect();
     let drain = ["--uploader-drain-ms", "600000"];
     let nova = Nova::start_with(&data, &[&flags[..], &drain[..]].concat(), &[]);
     nova.ok("POST", "/v1/buckets/held", Some(r#"{"create_stream_on_append":true}"#), 201);
@@ -1619,13 +1607,7 @@ fn a_second_sigterm_ends_a_stop_at_once_and_loses_nothing_acknowledged() {
     for class in ["standard", "express"] {
         let read =
             nova.ok("GET", &format!("/v1/streams/held/{class}/records?seq_num=0"), None, 200);
-        let bodies: Vec<&str> = read["records"]
-            .as_array()
-            .expect("records")
-            .iter()
-            .map(|r| r["body"].as_str().expect("body"))
-            .collect();
-        assert_eq!(bodies, [format!("{class} 0"), format!("{class} 1")], "{class}: {read}");
+        assert_eq!(bodies(&read), [format!("{class} 0"), format!("{class} 1")], "{class}: {read}");
     }
 }
 

@@ -65,23 +65,29 @@ impl Store {
     fn flags(&self) -> Vec<String> {
         match self {
             Store::Local => Vec::new(),
-            Store::S3(moto) => [
-                "--s3-bucket",
-                "nova",
-                "--s3-endpoint",
-                &moto.endpoint(),
-                "--s3-region",
-                "us-east-1",
-                "--s3-path-style",
-                "--s3-access-key-id",
-                "test",
-                "--s3-secret-access-key",
-                "test",
-            ]
-            .map(str::to_owned)
-            .into(),
+            Store::S3(moto) => s3_flags(&moto.endpoint()),
         }
     }
+}
+
+/// The flags of `nova serve` for the bucket `nova` of the S3-protocol server at
+/// `endpoint` (moto, or a proxy in front of it).
+pub fn s3_flags(endpoint: &str) -> Vec<String> {
+    [
+        "--s3-bucket",
+        "nova",
+        "--s3-endpoint",
+        endpoint,
+        "--s3-region",
+        "us-east-1",
+        "--s3-path-style",
+        "--s3-access-key-id",
+        "test",
+        "--s3-secret-access-key",
+        "test",
+    ]
+    .map(str::to_owned)
+    .into()
 }
 
 /// The flags and environment every shared test server runs with: small bodies (the body
