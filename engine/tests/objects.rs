@@ -367,21 +367,29 @@ fn a_stop_while_the_store_is_down_takes_the_drain_time_not_forever() {
     let client = node.client();
     let bucket = make_bucket(&client, "down", StorageClass::Standard, true);
     proxy.set_down(true);
-    let appends: Vec<_> = (0..8)
-        .map(|i| {
-            let (client, bucket) = (client.clone(), bucket.clone());
-            thread::spawn(move || {
-                let body = vec![b'a' + i; 64 << 10];
-                let request = batch(&[body], AppendConditions::default());
-                // A stream each: each stream's chunk is an upload request of its own.
-                block_on(client.append(&bucket, &key(&format!("k{i}")), request))
-            })
-        })
-        .collect();
-    wait_until("the uploader backs up", || {
+    // Appends to new streams, one at a time, until the uploader is backed up: appends
+    // that arrive together may share one upload request, so how many it takes varies.
+    let backed_up = || {
         let stats = client.uploader_stats();
         stats.put_failures >= 2 && stats.queue_depth >= 1
-    });
+    };
+    let mut appends = Vec::new();
+    for i in 0..64u8 {
+        let (client, bucket) = (client.clone(), bucket.clone());
+        appends.push(thread::spawn(move || {
+            let body = vec![b'a' + i % 26; 64 << 10];
+            let request = batch(&[body], AppendConditions::default());
+            block_on(client.append(&bucket, &key(&format!("k{i}")), request))
+        }));
+        let deadline = Instant::now() + Duration::from_millis(200);
+        while !backed_up() && Instant::now() < deadline {
+            thread::sleep(Duration::from_millis(5));
+        }
+        if backed_up() {
+            break;
+        }
+    }
+    assert!(backed_up(), "the uploader never backed up: {:?}", client.uploader_stats());
     let (stopped_tx, stopped) = std::sync::mpsc::channel();
     let started = Instant::now();
     thread::spawn(move || {
