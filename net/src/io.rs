@@ -7,10 +7,18 @@
 //! every received byte, 4% of the shard's core under binary appends.) Writes go straight
 //! to the socket, and their progress is noted ([`Progress`]) for the connection's idle
 //! watchdog.
+//!
+//! Writes are vectored, so hyper queues a response's body as the buffer it is (its
+//! `Queue` strategy) instead of copying it behind the head in a buffer of its own (its
+//! `Flatten` strategy, which also kept that buffer's capacity, as large as the largest
+//! page the connection ever answered, for the connection's life): a read page goes from
+//! the engine's bytes to the socket with no copy on the way, and it is dropped (giving
+//! back what it held of the shard's response memory) once the socket has taken all of it.
 
 use std::cell::Cell;
 use std::io;
 use std::mem::MaybeUninit;
+use std::os::fd::{AsRawFd as _, RawFd};
 use std::pin::Pin;
 use std::rc::Rc;
 use std::task::{Context, Poll, ready};
@@ -96,13 +104,28 @@ impl hyper::rt::Write for Io {
         this.progress.wrote(Pin::new(&mut this.stream).poll_write(cx, buf))
     }
 
+    /// One `sendmsg(2)` over every buffer, not waiting. glommio has no vectored write of
+    /// its own (its `poll_write_vectored` would write the first buffer alone); when the
+    /// socket is full, its write of the first buffer waits for room, as its `poll_write`
+    /// does, and what that write takes is a valid partial write of them all.
     fn poll_write_vectored(
         self: Pin<&mut Self>,
         cx: &mut Context<'_>,
         bufs: &[io::IoSlice<'_>],
     ) -> Poll<io::Result<usize>> {
         let this = self.get_mut();
-        this.progress.wrote(Pin::new(&mut this.stream).poll_write_vectored(cx, bufs))
+        let poll = match send_vectored(this.stream.as_raw_fd(), bufs) {
+            Some(sent) => Poll::Ready(sent),
+            None => {
+                let first = bufs.iter().find(|buf| !buf.is_empty()).map_or(&[][..], |buf| buf);
+                Pin::new(&mut this.stream).poll_write(cx, first)
+            }
+        };
+        this.progress.wrote(poll)
+    }
+
+    fn is_write_vectored(&self) -> bool {
+        true
     }
 
     fn poll_flush(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<io::Result<()>> {
@@ -111,5 +134,67 @@ impl hyper::rt::Write for Io {
 
     fn poll_shutdown(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<io::Result<()>> {
         Pin::new(&mut self.stream).poll_close(cx)
+    }
+}
+
+/// `sendmsg(2)` of `bufs` in order, not blocking: `None` when the socket has no room
+/// (EAGAIN) or interrupted, else what it took or its error.
+fn send_vectored(fd: RawFd, bufs: &[io::IoSlice<'_>]) -> Option<io::Result<usize>> {
+    // SAFETY: a zeroed msghdr is a valid empty one; `IoSlice` is ABI-compatible with
+    // `iovec` on Unix (its documented guarantee), and the kernel only reads the buffers.
+    let sent = unsafe {
+        let mut message: libc::msghdr = std::mem::zeroed();
+        message.msg_iov = bufs.as_ptr().cast_mut().cast::<libc::iovec>();
+        message.msg_iovlen = bufs.len().min(libc::UIO_MAXIOV as usize) as _;
+        libc::sendmsg(fd, &message, libc::MSG_DONTWAIT | libc::MSG_NOSIGNAL)
+    };
+    match usize::try_from(sent) {
+        Ok(sent) => Some(Ok(sent)),
+        Err(_) => {
+            let error = io::Error::last_os_error();
+            let retry =
+                matches!(error.kind(), io::ErrorKind::WouldBlock | io::ErrorKind::Interrupted);
+            (!retry).then_some(Err(error))
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use std::io::{IoSlice, Read as _};
+    use std::os::fd::AsRawFd as _;
+    use std::os::unix::net::UnixStream;
+
+    use super::send_vectored;
+
+    #[test]
+    fn a_vectored_send_writes_every_buffer_in_order_and_says_when_the_socket_is_full() {
+        let (sender, mut receiver) = UnixStream::pair().unwrap();
+        sender.set_nonblocking(true).unwrap();
+        let pieces: Vec<Vec<u8>> = (0..5u8).map(|i| vec![i; 1000 + usize::from(i)]).collect();
+        let slices: Vec<IoSlice<'_>> = pieces.iter().map(|p| IoSlice::new(p)).collect();
+        let sent = send_vectored(sender.as_raw_fd(), &slices).unwrap().unwrap();
+        assert_eq!(sent, pieces.iter().map(Vec::len).sum::<usize>());
+        let mut got = vec![0; sent];
+        receiver.read_exact(&mut got).unwrap();
+        assert_eq!(got, pieces.concat());
+
+        // Fill the socket: a full one answers None (wait for room), never an error.
+        let big = vec![7u8; 1 << 20];
+        let mut queued = 0;
+        let full = loop {
+            match send_vectored(sender.as_raw_fd(), &[IoSlice::new(&big)]) {
+                Some(Ok(n)) => queued += n,
+                Some(Err(error)) => panic!("a full socket is not an error: {error}"),
+                None => break true,
+            }
+            if queued > 1 << 30 {
+                break false;
+            }
+        };
+        assert!(full, "1 GiB went into a socket nobody reads");
+        drop(receiver);
+        let error = send_vectored(sender.as_raw_fd(), &[IoSlice::new(&big)]).unwrap().unwrap_err();
+        assert_eq!(error.kind(), std::io::ErrorKind::BrokenPipe, "a closed peer is an error");
     }
 }

@@ -1433,6 +1433,88 @@ fn request_bodies_a_shard_holds_are_bounded() {
     );
 }
 
+/// Sends a GET on a kept-alive connection and reads its whole answer: status and body.
+fn get_on(stream: &mut std::net::TcpStream, path: &str, accept: &str) -> (u16, Vec<u8>) {
+    use std::io::{Read as _, Write as _};
+    let request = format!("GET {path} HTTP/1.1\r\nhost: nova\r\naccept: {accept}\r\n\r\n");
+    stream.write_all(request.as_bytes()).expect("send a request");
+    let mut head = Vec::new();
+    while !head.ends_with(b"\r\n\r\n") {
+        let mut byte = [0u8];
+        stream.read_exact(&mut byte).expect("an answer's head");
+        head.push(byte[0]);
+    }
+    let head = String::from_utf8(head).expect("a text head");
+    let status = head[9..12].parse().expect("a status");
+    let length: usize = head
+        .lines()
+        .find_map(|line| line.to_ascii_lowercase().strip_prefix("content-length: ")?.parse().ok())
+        .unwrap_or_else(|| panic!("no content-length in {head}"));
+    let mut body = vec![0; length];
+    stream.read_exact(&mut body).expect("an answer's body");
+    (status, body)
+}
+
+/// Appends `batches` binary batches of 64 records of 64 KiB to `stream` (4 MiB each).
+fn append_large(nova: &Nova, stream: &str, batches: usize) {
+    use engine::framing::{AppendBuilder, AppendConditions};
+    let media = [("content-type", "application/x-nova-records")];
+    for _ in 0..batches {
+        let mut builder = AppendBuilder::new();
+        for _ in 0..64 {
+            builder.push::<&[u8], &[u8]>(&[], &[b'r'; 64 << 10]).expect("fits");
+        }
+        let framed = builder.finish(&AppendConditions::default());
+        let ack =
+            nova.call_with("POST", &format!("/v1/streams/{stream}/records"), &media, Some(&framed));
+        assert_eq!(ack.status, 200, "{}", ack.text());
+    }
+}
+
+fn resident_bytes(pid: i32) -> u64 {
+    let status = std::fs::read_to_string(format!("/proc/{pid}/status")).expect("its status");
+    let kib: u64 = status
+        .lines()
+        .find_map(|line| line.strip_prefix("VmRSS:")?.trim().strip_suffix(" kB")?.parse().ok())
+        .expect("VmRSS");
+    kib << 10
+}
+
+/// An answer's body goes to the socket from where it lies: a kept-alive connection that
+/// once answered a 16 MiB page does not keep a buffer of that size for its life (hyper
+/// copied every body into one when writes were not vectored, and kept its capacity).
+#[test]
+fn kept_alive_connections_do_not_keep_the_pages_they_answered() {
+    let dir = tempdir();
+    let nova = Nova::start(&dir.path().join("data"));
+    nova.ok("POST", "/v1/buckets/big", Some(r#"{"create_stream_on_append":true}"#), 201);
+    append_large(&nova, "big/s", 5);
+    let address = nova.url.trim_start_matches("http://").to_owned();
+    let page = "/v1/streams/big/s/records?seq_num=0&count=256";
+    let media = "application/x-nova-records";
+    // Once, so the page's chunks are in memory before the measure.
+    let mut first = std::net::TcpStream::connect(&address).expect("connect");
+    let (status, body) = get_on(&mut first, page, media);
+    assert_eq!(status, 200);
+    assert!(body.len() > 15 << 20, "a page of 256 records of 64 KiB: {} bytes", body.len());
+    let before = resident_bytes(nova.pid());
+    let connections = 12;
+    let _kept: Vec<std::net::TcpStream> = (0..connections)
+        .map(|_| {
+            let mut stream = std::net::TcpStream::connect(&address).expect("connect");
+            assert_eq!(get_on(&mut stream, page, media).0, 200);
+            stream
+        })
+        .collect();
+    let grew = resident_bytes(nova.pid()).saturating_sub(before);
+    eprintln!("the server grew {grew} bytes");
+    let kept_each = (16u64 << 20) * connections;
+    assert!(
+        grew < kept_each / 2,
+        "the server grew {grew} bytes after {connections} kept-alive connections read one page each"
+    );
+}
+
 #[test]
 fn a_request_head_past_the_limit_is_refused_naming_it() {
     let dir = tempdir();
