@@ -33,6 +33,7 @@ use crate::auth::{Auth, Caller, CallerCache};
 use crate::body::Body;
 use crate::error::{ApiError, position};
 use crate::metrics::Metrics;
+use crate::response_memory::ResponseMemory;
 use crate::wire::{self, Encoding};
 
 /// The binary framing's media type.
@@ -51,6 +52,8 @@ pub struct Settings {
     pub json_body_bytes_max: u64,
     /// Request body bytes one shard holds at once ([`Shared::body_memory`]).
     pub body_memory_bytes: u64,
+    /// Response bytes one shard holds at once ([`Shared::responses`]).
+    pub response_memory_bytes: u64,
     /// The request target plus every header name and value, at most.
     pub head_bytes_max: u64,
     /// A connection with no request being answered, or whose client has taken no byte of
@@ -81,6 +84,8 @@ pub struct Shared {
     /// Units of `settings.body_memory_bytes`: a request's body takes its bytes as they
     /// arrive, and gives them back when the request is done with it.
     pub body_memory: Rc<glommio::sync::Semaphore>,
+    /// Read and subscription pages, held until their clients have taken them.
+    pub responses: Rc<ResponseMemory>,
 }
 
 /// The largest body of a request other than an append (bucket and stream settings, a
@@ -1095,33 +1100,34 @@ async fn read(
     let binary = accepts(request, RECORDS_MEDIA_TYPE);
     let encoding = encoding(request)?;
     let params = read_params(request, &READ_PARAMS)?;
-    let read = ReadRequest {
-        start: params.start,
-        clamp: params.clamp,
-        limits: page_limits(params.count, params.bytes, params.until, binary),
-        wait: params.wait,
-    };
+    // The page is cut to the shard's free response memory, and held in it until its
+    // client has taken it (response_memory.rs).
+    let mut limits = page_limits(params.count, params.bytes, params.until, binary);
+    limits.bytes = shared.responses.page_bytes(limits.bytes)?;
+    let read = ReadRequest { start: params.start, clamp: params.clamp, limits, wait: params.wait };
     let reply = read_page(shared, bucket, key, read).await?;
     // A long poll may have waited a minute: its token is checked again before records
     // read since go out.
     if let (Some(_), Some(auth)) = (params.wait, &shared.auth) {
         auth.still_valid(caller, now_ms())?;
     }
-    if binary {
+    let (body, media) = if binary {
         let mut frames = reply.frames;
         framing::encode_page_end(reply.next_seq_num, reply.tail, &mut frames);
-        let mut response = Response::new(Body::full(frames));
-        response
-            .headers_mut()
-            .insert(header::CONTENT_TYPE, HeaderValue::from_static(RECORDS_MEDIA_TYPE));
-        return Ok(response);
-    }
-    let records = wire::records_json(&reply.frames, encoding)?;
-    ok(&json!({
-        "records": records,
-        "next_seq_num": reply.next_seq_num,
-        "tail": position(reply.tail),
-    }))
+        (frames, RECORDS_MEDIA_TYPE)
+    } else {
+        let records = wire::records_json(&reply.frames, encoding)?;
+        let page = json!({
+            "records": records,
+            "next_seq_num": reply.next_seq_num,
+            "tail": position(reply.tail),
+        });
+        (page.to_string().into_bytes(), "application/json")
+    };
+    let hold = shared.responses.hold(body.len() as u64)?;
+    let mut response = Response::new(Body::held(body, hold));
+    response.headers_mut().insert(header::CONTENT_TYPE, HeaderValue::from_static(media));
+    Ok(response)
 }
 
 /// ReadPlan: the read's start and bounds (no `wait`); never creates the stream.

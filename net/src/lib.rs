@@ -27,6 +27,7 @@ pub mod error;
 mod io;
 pub mod log;
 pub mod metrics;
+mod response_memory;
 pub mod serve;
 pub mod server;
 mod subscribe;

@@ -22,13 +22,14 @@ struct ShardCounters {
     requests_in_flight: u64,
     log_lines_suppressed: u64,
     body_bytes_held: u64,
+    response_bytes_held: u64,
 }
 
 /// A shard's HTTP counter: name, help, Prometheus type, how to read it.
 type HttpCounter = (&'static str, &'static str, &'static str, fn(&ShardCounters) -> u64);
 
 /// The HTTP counters `/metrics` gives per shard.
-const HTTP_PER_SHARD: [HttpCounter; 7] = [
+const HTTP_PER_SHARD: [HttpCounter; 8] = [
     ("nova_http_connections_open", "HTTP connections open", "gauge", |c| c.connections_open),
     ("nova_http_connections_accepted_total", "HTTP connections accepted", "counter", |c| {
         c.connections_accepted
@@ -53,6 +54,12 @@ const HTTP_PER_SHARD: [HttpCounter; 7] = [
         "Request body bytes held (of --http-body-memory-bytes)",
         "gauge",
         |c| c.body_bytes_held,
+    ),
+    (
+        "nova_http_response_bytes_held",
+        "Response bytes made and not yet taken by their clients (of --http-response-memory-bytes)",
+        "gauge",
+        |c| c.response_bytes_held,
     ),
     (
         "nova_http_log_lines_suppressed_total",
@@ -125,6 +132,18 @@ impl Metrics {
         if bytes > 0 {
             self.with(shard, |c| c.body_bytes_held = c.body_bytes_held.saturating_sub(bytes));
         }
+    }
+
+    /// A read or subscription page took `bytes` of its shard's response memory.
+    pub fn response_bytes_held(&self, shard: usize, bytes: u64) {
+        self.with(shard, |c| c.response_bytes_held += bytes);
+    }
+
+    /// A page's client took its last byte: `bytes` of response memory given back.
+    pub fn response_bytes_released(&self, shard: usize, bytes: u64) {
+        self.with(shard, |c| {
+            c.response_bytes_held = c.response_bytes_held.saturating_sub(bytes);
+        });
     }
 
     /// A request log line was left out (`--http-log-lines-per-second`).

@@ -19,11 +19,12 @@ use crate::server::{self, ServerConfig};
 /// The HTTP server's knobs; the engine's are `engine::node::engine_knobs()` and the S3
 /// store's [`S3_KNOBS`]. Together they are every knob (`tuning::KNOBS`), and `nova serve`
 /// takes each as a flag.
-pub const HTTP_KNOBS: [Knob; 12] = [
+pub const HTTP_KNOBS: [Knob; 13] = [
     tuning::HTTP_CONNECTIONS_MAX,
     tuning::HTTP_BODY_BYTES_MAX,
     tuning::HTTP_JSON_BODY_BYTES_MAX,
     tuning::HTTP_BODY_MEMORY_BYTES,
+    tuning::HTTP_RESPONSE_MEMORY_BYTES,
     tuning::HTTP_HEAD_BYTES_MAX,
     tuning::HTTP_IDLE_TIMEOUT_MS,
     tuning::HTTP_SHUTDOWN_IDLE_MS,
@@ -343,6 +344,8 @@ pub fn run(args: &[String]) -> Result<(), String> {
             ));
         }
     }
+    server_config.settings.response_memory_bytes =
+        knob(&flags, tuning::HTTP_RESPONSE_MEMORY_BYTES)?;
     server_config.settings.head_bytes_max = knob(&flags, tuning::HTTP_HEAD_BYTES_MAX)?;
     server_config.settings.idle_timeout =
         Duration::from_millis(knob(&flags, tuning::HTTP_IDLE_TIMEOUT_MS)?);

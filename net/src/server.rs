@@ -19,8 +19,6 @@ use std::sync::Arc;
 use std::task::{Context, Poll};
 use std::time::{Duration, Instant};
 
-use bytes::Bytes;
-
 use engine::node::{Service, ServiceContext};
 use glommio::net::{TcpListener, TcpStream};
 use glommio::sync::{Semaphore, StaticPermit};
@@ -31,9 +29,10 @@ use hyper::service::service_fn;
 
 use crate::api::{self, Settings, Shared};
 use crate::auth::{Auth, CallerCache};
-use crate::body::Body;
+use crate::body::{Body, Chunk};
 use crate::io::{Io, Progress};
 use crate::metrics::{Closed, Metrics};
+use crate::response_memory::ResponseMemory;
 
 /// The server's configuration.
 #[derive(Clone, Debug)]
@@ -56,6 +55,7 @@ impl ServerConfig {
                 body_bytes_max: tuning::HTTP_BODY_BYTES_MAX.default,
                 json_body_bytes_max: tuning::HTTP_JSON_BODY_BYTES_MAX.default,
                 body_memory_bytes: tuning::HTTP_BODY_MEMORY_BYTES.default,
+                response_memory_bytes: tuning::HTTP_RESPONSE_MEMORY_BYTES.default,
                 head_bytes_max: tuning::HTTP_HEAD_BYTES_MAX.default,
                 idle_timeout: Duration::from_millis(tuning::HTTP_IDLE_TIMEOUT_MS.default),
                 shutdown_idle: Duration::from_millis(tuning::HTTP_SHUTDOWN_IDLE_MS.default),
@@ -153,6 +153,11 @@ async fn serve_shard(
             return;
         }
     };
+    let responses = ResponseMemory::new(
+        config.settings.response_memory_bytes,
+        Arc::clone(&metrics),
+        context.shard,
+    );
     let shared = Rc::new(Shared {
         client: context.client.clone(),
         settings: config.settings.clone(),
@@ -164,6 +169,7 @@ async fn serve_shard(
         log_budget: api::LogBudget::default(),
         auth: config.auth.clone(),
         body_memory: Rc::new(Semaphore::new(config.settings.body_memory_bytes)),
+        responses,
     });
     let permits = Rc::new(Semaphore::new(config.connections_max));
     loop {
@@ -285,13 +291,13 @@ struct Answer {
 }
 
 impl http_body::Body for Answer {
-    type Data = Bytes;
+    type Data = Chunk;
     type Error = Infallible;
 
     fn poll_frame(
         self: Pin<&mut Self>,
         cx: &mut Context<'_>,
-    ) -> Poll<Option<Result<Frame<Bytes>, Infallible>>> {
+    ) -> Poll<Option<Result<Frame<Chunk>, Infallible>>> {
         Pin::new(&mut self.get_mut().body).poll_frame(cx)
     }
 

@@ -14,14 +14,18 @@
 //! stream, so deleting it ends the subscription, and a token revoked or expired since
 //! the subscription began ends it with unauthenticated.
 //!
-//! Memory per subscriber is bounded: events go through a channel of
+//! Memory is bounded per subscriber and per shard. Events go through a channel of
 //! [`EVENTS_QUEUED_MAX`] events of at most one page each (1 MiB of content for SSE,
 //! [`BINARY_PAGE_BYTES_MAX`] for the binary framing); a subscriber that does not read
 //! leaves the task waiting on the channel, not buffering. With the page hyper is
-//! writing and the one the task holds, that is six pages: 24 MiB for the binary
-//! framing, and for SSE 6 MiB of content, whose JSON may be several times that (a
-//! control byte is six characters escaped). It is not counted in any budget: the
-//! connection limit (`--http-connections-max`) is what bounds subscribers' memory.
+//! writing and the one the task waits to queue, that is six pages: 24 MiB for the
+//! binary framing, and for SSE 6 MiB of content, whose JSON may be several times that (a control byte is six characters
+//! escaped). Every page is also held in the shard's response memory
+//! (`--http-response-memory-bytes`, response_memory.rs) until its client has taken it:
+//! a page is read cut to what is free, and when too little is, the subscription waits
+//! for room (sending heartbeats with the last tail it saw), holding nothing more. A
+//! page that found its room taken once read is let go and read again, so nothing is
+//! ever held outside the budget, and no record is skipped or sent twice.
 
 use std::rc::Rc;
 use std::time::Instant;
@@ -40,8 +44,9 @@ use serde_json::{Value, json};
 
 use crate::api::{self, Shared};
 use crate::auth::Caller;
-use crate::body::Body;
+use crate::body::{Body, Chunk};
 use crate::error::{ApiError, position};
+use crate::response_memory::PAGE_BYTES_MIN;
 use crate::wire::{self, Encoding};
 
 /// Events queued for one subscriber before its task waits.
@@ -135,10 +140,11 @@ pub async fn subscribe(
     };
     let left =
         Left { count: params.count, bytes: params.bytes, until: params.until, delivered: false };
-    // The first page is read before the response starts, so a start past the tail is an
-    // ordinary HTTP error.
-    let first =
-        shared.client.read(bucket, key, left.request(wire, start, params.clamp, None)).await?;
+    // The first page is read before the response starts, so a start past the tail (or
+    // a shard without room for it) is an ordinary HTTP error.
+    let mut request = left.request(wire, start, params.clamp, None);
+    request.limits.bytes = shared.responses.page_bytes(request.limits.bytes)?;
+    let first = shared.client.read(bucket, key, request).await?;
     let (events, receiver) = flume::bounded(EVENTS_QUEUED_MAX);
     let subscription = Subscription {
         shared: Rc::clone(shared),
@@ -170,7 +176,7 @@ struct Subscription {
     caller: Caller,
     wire: Wire,
     left: Left,
-    events: flume::Sender<Bytes>,
+    events: flume::Sender<Chunk>,
 }
 
 fn event(name: &str, id: Option<u64>, data: &Value) -> Bytes {
@@ -180,8 +186,48 @@ fn event(name: &str, id: Option<u64>, data: &Value) -> Bytes {
 
 impl Subscription {
     /// Sends one event; false when the subscriber is gone.
-    async fn send(&self, bytes: Bytes) -> bool {
-        self.events.send_async(bytes).await.is_ok()
+    async fn send(&self, event: impl Into<Chunk>) -> bool {
+        self.events.send_async(event.into()).await.is_ok()
+    }
+
+    /// Whether the subscription should end now: the node stops, or the client is gone.
+    fn over(&self) -> bool {
+        self.shared.stopping.is_set() || self.events.is_disconnected()
+    }
+
+    /// Waits until `bytes` of the shard's response memory would fit, sending a heartbeat
+    /// with `tail` (the last the subscription saw) whenever it has sent nothing for the
+    /// heartbeat interval. False when the subscription should end instead.
+    async fn room_for(&self, bytes: u64, tail: Tail, last_event: &mut Instant) -> bool {
+        use futures_lite::future::or;
+        let heartbeat = self.shared.settings.heartbeat;
+        loop {
+            if self.over() {
+                return false;
+            }
+            let due = heartbeat.saturating_sub(last_event.elapsed());
+            let room = async {
+                self.shared.responses.room_for(bytes).await;
+                true
+            };
+            let stop = async {
+                self.shared.stopping.wait().await;
+                false
+            };
+            let beat = async {
+                glommio::timer::sleep(due).await;
+                false
+            };
+            if or(room, or(stop, beat)).await {
+                return true;
+            }
+            if last_event.elapsed() >= heartbeat {
+                if !self.send(self.heartbeat(tail)).await {
+                    return false;
+                }
+                *last_event = Instant::now();
+            }
+        }
     }
 
     fn error(&self, error: &ApiError) -> Bytes {
@@ -245,6 +291,10 @@ impl Subscription {
         loop {
             let (next_seq_num, tail, reached_until) =
                 (page.next_seq_num, page.tail, page.reached_until);
+            // Where the next read starts, the room it waits for first, and the records it
+            // is cut to (a page let go is read again as those records alone: the same
+            // bytes, which now fit, however far the stream has grown since).
+            let (mut resume, mut room, mut records_max) = (next_seq_num, PAGE_BYTES_MIN, None);
             if page.record_count > 0 && !self.left.fits(&page) {
                 // Past the page's byte budget only with its first record (stream.rs
                 // `Leader::page`), so the page is that one record: the subscription ends
@@ -255,7 +305,10 @@ impl Subscription {
                 return;
             }
             if page.record_count > 0 {
-                self.left.take(&page);
+                let (first_seq_num, page_records) =
+                    (next_seq_num - page.record_count, page.record_count);
+                let mut left = self.left;
+                left.take(&page);
                 let records = match self.records(page) {
                     Ok(records) => records,
                     Err(error) => {
@@ -263,12 +316,25 @@ impl Subscription {
                         return;
                     }
                 };
-                if !self.send(records).await {
-                    return;
+                match self.shared.responses.try_hold(records.len() as u64) {
+                    Some(hold) => {
+                        self.left = left;
+                        if !self.send(Chunk::held(records, hold)).await {
+                            return;
+                        }
+                        last_event = Instant::now();
+                    }
+                    // Others took the room while the page was read: it is let go, and read
+                    // again once as much is free.
+                    None => {
+                        // Slack for a tail of more digits in the page's JSON.
+                        room = records.len() as u64 + 64;
+                        (resume, records_max) = (first_seq_num, Some(page_records));
+                    }
                 }
-                last_event = Instant::now();
             }
-            if reached_until || self.left.exhausted() {
+            let delivered = resume == next_seq_num;
+            if delivered && (reached_until || self.left.exhausted()) {
                 self.send(self.end(next_seq_num, tail)).await;
                 return;
             }
@@ -278,14 +344,19 @@ impl Subscription {
                 }
                 last_event = Instant::now();
             }
-            if self.shared.stopping.is_set() || self.events.is_disconnected() {
+            if !self.room_for(room, tail, &mut last_event).await {
                 return;
             }
             // A stopping node answers a waiting read at once, so this wait never holds
             // up a graceful stop.
             let wait = heartbeat.saturating_sub(last_event.elapsed());
             let wait = Some(wait).filter(|w| !w.is_zero());
-            let next = self.left.request(self.wire, ReadStart::SeqNum(next_seq_num), false, wait);
+            let mut next = self.left.request(self.wire, ReadStart::SeqNum(resume), false, wait);
+            // After the wait for room, at least that much is free (or nothing is held).
+            next.limits.bytes = next.limits.bytes.min(self.shared.responses.available().max(room));
+            if let Some(records) = records_max {
+                next.limits.records = next.limits.records.min(records);
+            }
             let read =
                 self.shared.client.read_existing(&self.bucket, &self.key, self.stream, next).await;
             // The caller's token is checked again before anything read since goes out.

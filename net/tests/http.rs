@@ -1435,9 +1435,15 @@ fn request_bodies_a_shard_holds_are_bounded() {
 
 /// Sends a GET on a kept-alive connection and reads its whole answer: status and body.
 fn get_on(stream: &mut std::net::TcpStream, path: &str, accept: &str) -> (u16, Vec<u8>) {
-    use std::io::{Read as _, Write as _};
+    use std::io::Write as _;
     let request = format!("GET {path} HTTP/1.1\r\nhost: nova\r\naccept: {accept}\r\n\r\n");
     stream.write_all(request.as_bytes()).expect("send a request");
+    read_answer(stream)
+}
+
+/// Reads one whole answer with a Content-Length from `stream`: status and body.
+fn read_answer(stream: &mut std::net::TcpStream) -> (u16, Vec<u8>) {
+    use std::io::Read as _;
     let mut head = Vec::new();
     while !head.ends_with(b"\r\n\r\n") {
         let mut byte = [0u8];
@@ -1513,6 +1519,91 @@ fn kept_alive_connections_do_not_keep_the_pages_they_answered() {
         grew < kept_each / 2,
         "the server grew {grew} bytes after {connections} kept-alive connections read one page each"
     );
+}
+
+/// Response memory (`--http-response-memory-bytes`): a page its client does not take
+/// stays held, a read finding no room is refused naming the limit, a subscription waits
+/// for room with heartbeats and then goes on with no gap, and everything is given back.
+#[test]
+fn response_pages_a_shard_holds_are_bounded() {
+    use std::io::Write as _;
+    let dir = tempdir();
+    let flags =
+        ["--shards", "1", "--http-response-memory-bytes", "16MiB", "--sse-heartbeat-ms", "200"];
+    let nova = Nova::start_with(&dir.path().join("data"), &flags, &[]);
+    let held = || nova.metric("nova_http_response_bytes_held");
+    nova.ok("POST", "/v1/buckets/big", Some(r#"{"create_stream_on_append":true}"#), 201);
+    append_large(&nova, "big/s", 5);
+    nova.ok("POST", "/v1/buckets/sub", Some(r#"{"create_stream_on_append":true}"#), 201);
+    append_bodies(&nova, "sub", &["a", "b"]);
+    let mut subscription = subscribe(&nova, "sub", "seq_num=0", &[]);
+    let first = event(&mut subscription);
+    assert_eq!(first.event, "batch");
+    assert_eq!(bodies(&serde_json::from_str(&first.data).unwrap()), ["a", "b"]);
+
+    // A reader asks for a 16 MiB page and takes none of it: as large as the whole
+    // budget, the page is held alone, for as long as its client leaves it.
+    let address = nova.url.trim_start_matches("http://").to_owned();
+    let mut stalled = std::net::TcpStream::connect(&address).expect("connect");
+    stalled
+        .write_all(
+            b"GET /v1/streams/big/s/records?seq_num=0&count=256 HTTP/1.1\r\nhost: nova\r\n\
+              accept: application/x-nova-records\r\n\r\n",
+        )
+        .expect("send a read");
+    let deadline = Instant::now() + Duration::from_secs(30);
+    while held() < 16 << 20 {
+        assert!(Instant::now() < deadline, "the stalled page is not held: {}", held());
+        std::thread::sleep(Duration::from_millis(10));
+    }
+    // Another read finds no room: refused, naming the limit, with Retry-After.
+    let refused = nova.call("GET", "/v1/streams/sub/s/records?seq_num=0", None);
+    assert_eq!(refused.status, 429, "{}", refused.text());
+    assert_eq!(refused.header("retry-after"), Some("1"));
+    let message = refused.json()["message"].as_str().expect("a message").to_owned();
+    assert!(message.contains("--http-response-memory-bytes") && message.contains("16777216"));
+    // So is a new subscription, before its answer starts.
+    let status = client::open(
+        &nova.server,
+        "GET",
+        "/v1/streams/sub/s/records?seq_num=0",
+        &[("accept", "text/event-stream")],
+        None,
+        Some(Duration::from_secs(30)),
+    )
+    .expect("subscribe")
+    .status;
+    assert_eq!(status, 429);
+    // The subscription already open waits for room: records appended now are not sent,
+    // heartbeats are.
+    append_bodies(&nova, "sub", &["c", "d"]);
+    for _ in 0..3 {
+        let next = event(&mut subscription);
+        assert_eq!(next.event, "ping", "nothing but heartbeats without room: {next:?}");
+    }
+    // The reader takes its page: everything it held is given back.
+    let (status, page) = read_answer(&mut stalled);
+    assert_eq!(status, 200);
+    assert!(page.len() > 16 << 20, "{} bytes", page.len());
+    // The subscription goes on where it was: no record skipped, none twice.
+    let mut got = Vec::new();
+    while got.len() < 2 {
+        let next = event(&mut subscription);
+        if next.event == "batch" {
+            got.extend(bodies(&serde_json::from_str(&next.data).unwrap()));
+        }
+    }
+    assert_eq!(got, ["c", "d"]);
+    append_bodies(&nova, "sub", &["e"]);
+    let next = loop {
+        let next = event(&mut subscription);
+        if next.event != "ping" {
+            break next;
+        }
+    };
+    assert_eq!(bodies(&serde_json::from_str(&next.data).unwrap()), ["e"]);
+    nova.ok("GET", "/v1/streams/sub/s/records?seq_num=0", None, 200);
+    assert_eq!(held(), 0, "every page taken, nothing held");
 }
 
 #[test]

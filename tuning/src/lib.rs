@@ -591,6 +591,18 @@ pub const HTTP_BODY_MEMORY_BYTES: Knob = Knob {
     reason: "--http-connections-max connections, each sending a body at its limit, could otherwise hold hundreds of GiB; 2 GiB takes one largest JSON append (held twice) or thousands of usual ones, beside --shard-memory-bytes",
 };
 
+/// Response bytes one shard holds at once.
+pub const HTTP_RESPONSE_MEMORY_BYTES: Knob = Knob {
+    flag: "http-response-memory-bytes",
+    env: "NOVA_HTTP_RESPONSE_MEMORY_BYTES",
+    unit: Unit::Bytes,
+    default: 1 << 30,
+    min: 16 << 20,
+    max: 1 << 40,
+    help: "read and subscription page bytes one shard holds at once, each page from when it is read until its client has taken its last byte; a read is cut to what is free, and refused (resource_exhausted, Retry-After) when under 64 KiB is; a subscription waits for room, with heartbeats; a page larger than this is sent alone",
+    reason: "--http-connections-max connections, each with a page of up to 16 MiB (a read) or six (a subscription) its client is slow to take, could otherwise hold tens of GiB; 1 GiB keeps a shard's slow readers beside --shard-memory-bytes while fast ones never meet it",
+};
+
 /// The largest request head nova reads a request from.
 pub const HTTP_HEAD_BYTES_MAX: Knob = Knob {
     flag: "http-head-bytes-max",
@@ -708,6 +720,7 @@ pub const KNOBS: &[Knob] = &[
     HTTP_BODY_BYTES_MAX,
     HTTP_JSON_BODY_BYTES_MAX,
     HTTP_BODY_MEMORY_BYTES,
+    HTTP_RESPONSE_MEMORY_BYTES,
     HTTP_HEAD_BYTES_MAX,
     HTTP_IDLE_TIMEOUT_MS,
     HTTP_SHUTDOWN_IDLE_MS,

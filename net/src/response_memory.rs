@@ -1,0 +1,185 @@
+//! A shard's budget of response bytes (`--http-response-memory-bytes`): read pages and
+//! subscription pages, each held from when it is made until the socket has taken its
+//! last byte (the [`Hold`] travels inside the body's [`crate::body::Chunk`]), so what
+//! slow or stalled clients keep in the server is bounded per shard, not per connection.
+//!
+//! A read takes its page's bytes or is refused (`resource_exhausted`, Retry-After): it
+//! never waits while something of the budget could be its own. A subscription waits for
+//! room instead, holding nothing while it waits (its queued pages drain as its client
+//! reads them, whatever else waits). A page larger than the whole budget is held alone,
+//! when nothing else is, so the budget never makes a page impossible.
+//!
+//! Single-threaded by design (`Rc`, `Cell`): one per shard, on its executor.
+
+use std::cell::Cell;
+use std::rc::Rc;
+use std::sync::Arc;
+
+use engine::notify::Notify;
+
+use crate::error::ApiError;
+use crate::metrics::Metrics;
+
+/// Bytes a read or subscription page needs free to be read at all: below this, a read is
+/// refused and a subscription waits. (A page is cut to what is free, so this is also the
+/// smallest page the budget cuts one to.)
+pub const PAGE_BYTES_MIN: u64 = 64 << 10;
+
+pub struct ResponseMemory {
+    limit: u64,
+    held: Cell<u64>,
+    /// Notified whenever bytes are given back.
+    freed: Notify,
+    metrics: Arc<Metrics>,
+    shard: usize,
+}
+
+impl ResponseMemory {
+    pub fn new(limit: u64, metrics: Arc<Metrics>, shard: usize) -> Rc<Self> {
+        Rc::new(Self { limit, held: Cell::new(0), freed: Notify::new(), metrics, shard })
+    }
+
+    /// Bytes not held now.
+    pub fn available(&self) -> u64 {
+        self.limit.saturating_sub(self.held.get())
+    }
+
+    fn fits(&self, bytes: u64) -> bool {
+        bytes <= self.available() || self.held.get() == 0
+    }
+
+    /// Holds `bytes` if they fit, or if nothing is held at all.
+    pub fn try_hold(self: &Rc<Self>, bytes: u64) -> Option<Hold> {
+        if !self.fits(bytes) {
+            return None;
+        }
+        self.held.set(self.held.get() + bytes);
+        self.metrics.response_bytes_held(self.shard, bytes);
+        Some(Hold { memory: Rc::clone(self), bytes })
+    }
+
+    /// Holds `bytes`, or refuses the request that needs them.
+    pub fn hold(self: &Rc<Self>, bytes: u64) -> Result<Hold, ApiError> {
+        self.try_hold(bytes).ok_or_else(|| self.full(bytes))
+    }
+
+    /// The room a page may take now: at most `wanted`, or a refusal when less than
+    /// [`PAGE_BYTES_MIN`] is free while something is held.
+    pub fn page_bytes(&self, wanted: u64) -> Result<u64, ApiError> {
+        if self.fits(PAGE_BYTES_MIN.min(wanted)) {
+            Ok(wanted.min(self.available().max(PAGE_BYTES_MIN)))
+        } else {
+            Err(self.full(PAGE_BYTES_MIN))
+        }
+    }
+
+    /// Resolves once `bytes` would fit (or nothing is held). Nothing is reserved: a
+    /// waiter then takes them with [`ResponseMemory::try_hold`], which may still fail.
+    pub async fn room_for(&self, bytes: u64) {
+        loop {
+            let seen = self.freed.generation();
+            if self.fits(bytes) {
+                return;
+            }
+            self.freed.changed(seen).await;
+        }
+    }
+
+    fn full(&self, bytes: u64) -> ApiError {
+        let mut error = ApiError::from_code(
+            engine::Code::ResourceExhausted,
+            format!(
+                "this shard holds {} bytes of responses not yet taken by their clients, and \
+                 {bytes} more would pass its limit of {} bytes (--http-response-memory-bytes); \
+                 retry shortly",
+                self.held.get(),
+                self.limit
+            ),
+        );
+        error.retry_after_seconds = Some(1);
+        error
+    }
+}
+
+/// Bytes of a shard's response memory, given back when dropped.
+pub struct Hold {
+    memory: Rc<ResponseMemory>,
+    bytes: u64,
+}
+
+impl Drop for Hold {
+    fn drop(&mut self) {
+        let memory = &self.memory;
+        memory.held.set(memory.held.get() - self.bytes);
+        memory.metrics.response_bytes_released(memory.shard, self.bytes);
+        memory.freed.notify();
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use std::pin::pin;
+    use std::task::{Context, Poll, Waker};
+
+    use super::*;
+
+    fn memory(limit: u64) -> Rc<ResponseMemory> {
+        ResponseMemory::new(limit, Arc::new(Metrics::new(1)), 0)
+    }
+
+    #[test]
+    fn holds_within_the_limit_and_gives_back_on_drop() {
+        let memory = memory(1 << 20);
+        let a = memory.try_hold(600 << 10).expect("fits");
+        assert_eq!(memory.available(), 424 << 10);
+        assert!(memory.try_hold(500 << 10).is_none(), "past the limit");
+        let error = memory.hold(500 << 10).err().expect("refused");
+        assert_eq!(error.retry_after_seconds, Some(1));
+        let message = error.to_json()["message"].as_str().unwrap().to_owned();
+        assert!(message.contains("--http-response-memory-bytes"), "{message}");
+        assert!(message.contains("1048576") && message.contains("614400"), "{message}");
+        let b = memory.try_hold(424 << 10).expect("exactly the rest fits");
+        assert_eq!(memory.available(), 0);
+        drop(a);
+        drop(b);
+        assert_eq!(memory.available(), 1 << 20);
+    }
+
+    #[test]
+    fn a_page_larger_than_the_budget_is_held_alone() {
+        let memory = memory(1 << 20);
+        let alone = memory.try_hold(3 << 20).expect("nothing else is held");
+        assert!(memory.try_hold(1).is_none(), "nothing beside it");
+        drop(alone);
+        let small = memory.try_hold(1).expect("fits");
+        assert!(memory.try_hold(3 << 20).is_none(), "not beside anything");
+        drop(small);
+    }
+
+    #[test]
+    fn pages_are_cut_to_what_is_free_and_refused_below_the_floor() {
+        let memory = memory(1 << 20);
+        assert_eq!(memory.page_bytes(16 << 20).unwrap(), 1 << 20);
+        assert_eq!(memory.page_bytes(1000).unwrap(), 1000);
+        let most = memory.try_hold((1 << 20) - (100 << 10)).unwrap();
+        assert_eq!(memory.page_bytes(16 << 20).unwrap(), 100 << 10);
+        let more = memory.try_hold(50 << 10).unwrap();
+        assert!(memory.page_bytes(16 << 20).is_err(), "50 KiB free is under the floor");
+        assert_eq!(memory.page_bytes(1000).unwrap(), 1000, "a page that small still fits");
+        drop((most, more));
+    }
+
+    #[test]
+    fn a_wait_for_room_ends_when_enough_is_given_back() {
+        let memory = memory(1 << 20);
+        let first = memory.try_hold(512 << 10).unwrap();
+        let second = memory.try_hold(512 << 10).unwrap();
+        let mut cx = Context::from_waker(Waker::noop());
+        let mut room = pin!(memory.room_for(600 << 10));
+        assert!(room.as_mut().poll(&mut cx).is_pending());
+        drop(first);
+        assert!(room.as_mut().poll(&mut cx).is_pending(), "512 KiB free is not 600");
+        drop(second);
+        assert_eq!(room.as_mut().poll(&mut cx), Poll::Ready(()));
+    }
+}
