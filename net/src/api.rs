@@ -1104,27 +1104,48 @@ async fn read(
     // client has taken it (response_memory.rs).
     let mut limits = page_limits(params.count, params.bytes, params.until, binary);
     limits.bytes = shared.responses.page_bytes(limits.bytes)?;
-    let read = ReadRequest { start: params.start, clamp: params.clamp, limits, wait: params.wait };
-    let reply = read_page(shared, bucket, key, read).await?;
-    // A long poll may have waited a minute: its token is checked again before records
-    // read since go out.
-    if let (Some(_), Some(auth)) = (params.wait, &shared.auth) {
-        auth.still_valid(caller, now_ms())?;
-    }
-    let (body, media) = if binary {
-        let mut frames = reply.frames;
-        framing::encode_page_end(reply.next_seq_num, reply.tail, &mut frames);
-        (frames, RECORDS_MEDIA_TYPE)
-    } else {
-        let records = wire::records_json(&reply.frames, encoding)?;
-        let page = json!({
-            "records": records,
-            "next_seq_num": reply.next_seq_num,
-            "tail": position(reply.tail),
-        });
-        (page.to_string().into_bytes(), "application/json")
+    let mut read =
+        ReadRequest { start: params.start, clamp: params.clamp, limits, wait: params.wait };
+    let (body, media, hold) = loop {
+        let reply = read_page(shared, bucket, key, read).await?;
+        // A long poll may have waited a minute: its token is checked again before
+        // records read since go out.
+        if let (Some(_), Some(auth)) = (params.wait, &shared.auth) {
+            auth.still_valid(caller, now_ms())?;
+        }
+        let (records, first_seq_num) =
+            (reply.record_count, reply.next_seq_num - reply.record_count);
+        let (body, media) = if binary {
+            let mut frames = reply.frames;
+            framing::encode_page_end(reply.next_seq_num, reply.tail, &mut frames);
+            (frames, RECORDS_MEDIA_TYPE)
+        } else {
+            let records = wire::records_json(&reply.frames, encoding)?;
+            let page = json!({
+                "records": records,
+                "next_seq_num": reply.next_seq_num,
+                "tail": position(reply.tail),
+            });
+            (page.to_string().into_bytes(), "application/json")
+        };
+        let bytes = body.len() as u64;
+        if let Some(hold) = shared.responses.try_hold(bytes) {
+            break (body, media, hold);
+        }
+        // Encoded, the page is larger than what is free (its cut counted content, or
+        // others took the room while it was read): read again from where it began, as
+        // the records that fit, without waiting; refused only when one record is more
+        // than is free, or too little is free to cut to.
+        let Some(fit) = shared.responses.records_that_fit(records, bytes) else {
+            return Err(shared.responses.refusal(bytes));
+        };
+        read = ReadRequest {
+            start: ReadStart::SeqNum(first_seq_num),
+            clamp: false,
+            limits: PageLimits { records: fit, ..read.limits },
+            wait: None,
+        };
     };
-    let hold = shared.responses.hold(body.len() as u64)?;
     let mut response = Response::new(Body::held(body, hold));
     response.headers_mut().insert(header::CONTENT_TYPE, HeaderValue::from_static(media));
     Ok(response)

@@ -48,10 +48,16 @@ impl Buf for Chunk {
 
 pub enum Body {
     Full(Option<Chunk>),
-    Stream(flume::r#async::RecvStream<'static, Chunk>),
+    /// The events, and the channel again, to empty it when the body is dropped.
+    Stream(flume::r#async::RecvStream<'static, Chunk>, flume::Receiver<Chunk>),
 }
 
 impl Body {
+    /// A body of the chunks `events` brings, until its senders are gone.
+    pub fn stream(events: flume::Receiver<Chunk>) -> Self {
+        Body::Stream(events.clone().into_stream(), events)
+    }
+
     pub fn full(bytes: impl Into<Bytes>) -> Self {
         Body::Full(Some(Chunk::from(bytes.into())))
     }
@@ -76,7 +82,7 @@ impl http_body::Body for Body {
     ) -> Poll<Option<Result<Frame<Chunk>, Infallible>>> {
         match self.get_mut() {
             Body::Full(chunk) => Poll::Ready(chunk.take().map(|c| Ok(Frame::data(c)))),
-            Body::Stream(events) => {
+            Body::Stream(events, _) => {
                 Pin::new(events).poll_next(cx).map(|next| next.map(|c| Ok(Frame::data(c))))
             }
         }
@@ -90,7 +96,17 @@ impl http_body::Body for Body {
         match self {
             Body::Full(Some(chunk)) => SizeHint::with_exact(chunk.remaining() as u64),
             Body::Full(None) => SizeHint::with_exact(0),
-            Body::Stream(_) => SizeHint::default(),
+            Body::Stream(..) => SizeHint::default(),
+        }
+    }
+}
+
+impl Drop for Body {
+    /// A subscriber gone (or a stop) gives back at once what its queued pages hold: a
+    /// channel's items outlive its receivers until taken out.
+    fn drop(&mut self) {
+        if let Body::Stream(_, events) = self {
+            while events.try_recv().is_ok() {}
         }
     }
 }

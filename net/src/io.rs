@@ -107,7 +107,9 @@ impl hyper::rt::Write for Io {
     /// One `sendmsg(2)` over every buffer, not waiting. glommio has no vectored write of
     /// its own (its `poll_write_vectored` would write the first buffer alone); when the
     /// socket is full, its write of the first buffer waits for room, as its `poll_write`
-    /// does, and what that write takes is a valid partial write of them all.
+    /// does, and what that write takes is a valid partial write of them all. (A send of
+    /// ours that succeeds does not cancel a glommio write timeout that a wait armed:
+    /// nova sets none on its sockets.)
     fn poll_write_vectored(
         self: Pin<&mut Self>,
         cx: &mut Context<'_>,

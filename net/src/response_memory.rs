@@ -3,11 +3,15 @@
 //! last byte (the [`Hold`] travels inside the body's [`crate::body::Chunk`]), so what
 //! slow or stalled clients keep in the server is bounded per shard, not per connection.
 //!
-//! A read takes its page's bytes or is refused (`resource_exhausted`, Retry-After): it
-//! never waits while something of the budget could be its own. A subscription waits for
-//! room instead, holding nothing while it waits (its queued pages drain as its client
-//! reads them, whatever else waits). A page larger than the whole budget is held alone,
-//! when nothing else is, so the budget never makes a page impossible.
+//! A page is read cut to what is free, counted in content bytes; encoded it is larger,
+//! so one that does not fit once encoded is read again from the same start as the
+//! records that fit ([`ResponseMemory::records_that_fit`]), never held outside the
+//! bound. A read that cannot be cut to fit (one record, or under [`PAGE_BYTES_MIN`]
+//! free) is refused (`resource_exhausted`, Retry-After): it never waits while something
+//! of the budget could be its own. A subscription waits for room instead, holding
+//! nothing while it waits (its queued pages drain as its client reads them, whatever
+//! else waits). A page larger than the whole budget is held alone, when nothing else
+//! is, so the budget never makes a page impossible.
 //!
 //! Single-threaded by design (`Rc`, `Cell`): one per shard, on its executor.
 
@@ -58,19 +62,27 @@ impl ResponseMemory {
         Some(Hold { memory: Rc::clone(self), bytes })
     }
 
-    /// Holds `bytes`, or refuses the request that needs them.
-    pub fn hold(self: &Rc<Self>, bytes: u64) -> Result<Hold, ApiError> {
-        self.try_hold(bytes).ok_or_else(|| self.full(bytes))
-    }
-
     /// The room a page may take now: at most `wanted`, or a refusal when less than
     /// [`PAGE_BYTES_MIN`] is free while something is held.
     pub fn page_bytes(&self, wanted: u64) -> Result<u64, ApiError> {
         if self.fits(PAGE_BYTES_MIN.min(wanted)) {
             Ok(wanted.min(self.available().max(PAGE_BYTES_MIN)))
         } else {
-            Err(self.full(PAGE_BYTES_MIN))
+            Err(self.refusal(PAGE_BYTES_MIN))
         }
+    }
+
+    /// After a page of `records` records that came to `bytes` did not fit: how many
+    /// records a page read again from the same start should be cut to, so that it fits
+    /// what is free now (fewer than `records`). None when it cannot be cut to fit: it is
+    /// one record, or less than [`PAGE_BYTES_MIN`] is free.
+    pub fn records_that_fit(&self, records: u64, bytes: u64) -> Option<u64> {
+        let free = self.available();
+        if records <= 1 || free < PAGE_BYTES_MIN || free >= bytes {
+            return None;
+        }
+        let fit = u128::from(records) * u128::from(free) / u128::from(bytes);
+        Some(u64::try_from(fit).unwrap_or(records).max(1))
     }
 
     /// Resolves once `bytes` would fit (or nothing is held). Nothing is reserved: a
@@ -85,7 +97,8 @@ impl ResponseMemory {
         }
     }
 
-    fn full(&self, bytes: u64) -> ApiError {
+    /// The refusal of a request that needs `bytes` more than fit now.
+    pub fn refusal(&self, bytes: u64) -> ApiError {
         let mut error = ApiError::from_code(
             engine::Code::ResourceExhausted,
             format!(
@@ -133,7 +146,7 @@ mod tests {
         let a = memory.try_hold(600 << 10).expect("fits");
         assert_eq!(memory.available(), 424 << 10);
         assert!(memory.try_hold(500 << 10).is_none(), "past the limit");
-        let error = memory.hold(500 << 10).err().expect("refused");
+        let error = memory.refusal(500 << 10);
         assert_eq!(error.retry_after_seconds, Some(1));
         let message = error.to_json()["message"].as_str().unwrap().to_owned();
         assert!(message.contains("--http-response-memory-bytes"), "{message}");
@@ -166,6 +179,24 @@ mod tests {
         let more = memory.try_hold(50 << 10).unwrap();
         assert!(memory.page_bytes(16 << 20).is_err(), "50 KiB free is under the floor");
         assert_eq!(memory.page_bytes(1000).unwrap(), 1000, "a page that small still fits");
+        drop((most, more));
+    }
+
+    #[test]
+    fn a_page_that_did_not_fit_is_cut_to_the_records_that_do() {
+        let memory = memory(1 << 20);
+        let most = memory.try_hold(768 << 10).unwrap();
+        // 256 KiB free: a page of 100 records that came to 512 KiB is read again as 50.
+        assert_eq!(memory.records_that_fit(100, 512 << 10), Some(50));
+        // Always fewer, never none.
+        assert_eq!(memory.records_that_fit(2, (256 << 10) + 1), Some(1));
+        assert_eq!(memory.records_that_fit(3, 100 << 20), Some(1));
+        // One record cannot be cut; a page that fits needs no cut.
+        assert_eq!(memory.records_that_fit(1, 512 << 10), None);
+        assert_eq!(memory.records_that_fit(100, 256 << 10), None);
+        // Under the floor nothing is cut to.
+        let more = memory.try_hold(200 << 10).unwrap();
+        assert_eq!(memory.records_that_fit(100, 512 << 10), None);
         drop((most, more));
     }
 

@@ -24,8 +24,9 @@
 //! (`--http-response-memory-bytes`, response_memory.rs) until its client has taken it:
 //! a page is read cut to what is free, and when too little is, the subscription waits
 //! for room (sending heartbeats with the last tail it saw), holding nothing more. A
-//! page that found its room taken once read is let go and read again, so nothing is
-//! ever held outside the budget, and no record is skipped or sent twice.
+//! page that does not fit once encoded is let go and read again from its start, as the
+//! records that fit or once there is room, so nothing is ever held outside the budget,
+//! and no record is skipped or sent twice.
 
 use std::rc::Rc;
 use std::time::Instant;
@@ -157,7 +158,7 @@ pub async fn subscribe(
         events,
     };
     glommio::spawn_local(subscription.run(first)).detach();
-    let mut response = Response::new(Body::Stream(receiver.into_stream()));
+    let mut response = Response::new(Body::stream(receiver));
     let headers = response.headers_mut();
     let media = if binary { api::RECORDS_MEDIA_TYPE } else { "text/event-stream" };
     headers.insert(header::CONTENT_TYPE, HeaderValue::from_static(media));
@@ -292,8 +293,8 @@ impl Subscription {
             let (next_seq_num, tail, reached_until) =
                 (page.next_seq_num, page.tail, page.reached_until);
             // Where the next read starts, the room it waits for first, and the records it
-            // is cut to (a page let go is read again as those records alone: the same
-            // bytes, which now fit, however far the stream has grown since).
+            // is cut to (a page let go is read again as fewer records, or as the same
+            // records once their bytes fit, however far the stream has grown since).
             let (mut resume, mut room, mut records_max) = (next_seq_num, PAGE_BYTES_MIN, None);
             if page.record_count > 0 && !self.left.fits(&page) {
                 // Past the page's byte budget only with its first record (stream.rs
@@ -324,12 +325,21 @@ impl Subscription {
                         }
                         last_event = Instant::now();
                     }
-                    // Others took the room while the page was read: it is let go, and read
-                    // again once as much is free.
+                    // Encoded, the page is larger than what is free (its cut counted
+                    // content, or others took the room while it was read): it is let go
+                    // and read again from where it began, as the records that fit now, or,
+                    // when it cannot be cut to fit, as itself once as much is free.
                     None => {
-                        // Slack for a tail of more digits in the page's JSON.
-                        room = records.len() as u64 + 64;
-                        (resume, records_max) = (first_seq_num, Some(page_records));
+                        let bytes = records.len() as u64;
+                        resume = first_seq_num;
+                        match self.shared.responses.records_that_fit(page_records, bytes) {
+                            Some(fit) => records_max = Some(fit),
+                            None => {
+                                // Slack for a tail of more digits in the page's JSON.
+                                room = bytes + 64;
+                                records_max = Some(page_records);
+                            }
+                        }
                     }
                 }
             }

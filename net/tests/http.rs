@@ -1521,12 +1521,27 @@ fn kept_alive_connections_do_not_keep_the_pages_they_answered() {
     );
 }
 
+/// Sends a binary read of `path` from a client that takes no byte of its answer, on a
+/// socket whose receive buffer is small, so that the server's buffers hold what it
+/// could send, whatever the host's TCP buffer sizes.
+fn stalled_read(address: std::net::SocketAddr, path: &str) -> std::net::TcpStream {
+    use std::io::Write as _;
+    let socket =
+        socket2::Socket::new(socket2::Domain::IPV4, socket2::Type::STREAM, None).expect("a socket");
+    socket.set_recv_buffer_size(64 << 10).expect("a small receive buffer");
+    socket.connect(&address.into()).expect("connect");
+    let mut stream = std::net::TcpStream::from(socket);
+    let request =
+        format!("GET {path} HTTP/1.1\r\nhost: nova\r\naccept: application/x-nova-records\r\n\r\n");
+    stream.write_all(request.as_bytes()).expect("send a read");
+    stream
+}
+
 /// Response memory (`--http-response-memory-bytes`): a page its client does not take
 /// stays held, a read finding no room is refused naming the limit, a subscription waits
 /// for room with heartbeats and then goes on with no gap, and everything is given back.
 #[test]
 fn response_pages_a_shard_holds_are_bounded() {
-    use std::io::Write as _;
     let dir = tempdir();
     let flags =
         ["--shards", "1", "--http-response-memory-bytes", "16MiB", "--sse-heartbeat-ms", "200"];
@@ -1540,22 +1555,55 @@ fn response_pages_a_shard_holds_are_bounded() {
     let first = event(&mut subscription);
     assert_eq!(first.event, "batch");
     assert_eq!(bodies(&serde_json::from_str(&first.data).unwrap()), ["a", "b"]);
-
-    // A reader asks for a 16 MiB page and takes none of it: as large as the whole
-    // budget, the page is held alone, for as long as its client leaves it.
-    let address = nova.url.trim_start_matches("http://").to_owned();
-    let mut stalled = std::net::TcpStream::connect(&address).expect("connect");
-    stalled
-        .write_all(
-            b"GET /v1/streams/big/s/records?seq_num=0&count=256 HTTP/1.1\r\nhost: nova\r\n\
-              accept: application/x-nova-records\r\n\r\n",
-        )
-        .expect("send a read");
-    let deadline = Instant::now() + Duration::from_secs(30);
-    while held() < 16 << 20 {
-        assert!(Instant::now() < deadline, "the stalled page is not held: {}", held());
-        std::thread::sleep(Duration::from_millis(10));
+    nova.ok("POST", "/v1/buckets/small", Some(r#"{"create_stream_on_append":true}"#), 201);
+    let kib = "k".repeat(1024);
+    for _ in 0..4 {
+        append_bodies(&nova, "small", &[kib.as_str(); 250]);
     }
+    let address: std::net::SocketAddr =
+        nova.url.trim_start_matches("http://").parse().expect("an address");
+    let deadline = Instant::now() + Duration::from_secs(30);
+    let await_held = |at_least: u64| {
+        while held() < at_least {
+            assert!(Instant::now() < deadline, "{} bytes held, not {at_least}", held());
+            std::thread::sleep(Duration::from_millis(10));
+        }
+    };
+
+    // A reader asks for 252 records of 64 KiB and takes none of them: the page stays
+    // held for as long as its client leaves it, and about 250 KiB stay free.
+    let mut stalled = stalled_read(address, "/v1/streams/big/s/records?seq_num=0&count=252");
+    await_held(252 << 16);
+    let free = (16 << 20) - held();
+    assert!((64 << 10..256 << 10).contains(&free), "{free} bytes free");
+    // A read of 1 MiB of 1 KiB records is cut to what is free, in both formats: a
+    // shorter page from its start, not a refusal.
+    let page = nova.ok("GET", "/v1/streams/small/s/records?seq_num=0", None, 200);
+    let json_records = page["records"].as_array().expect("records").len() as u64;
+    assert!((32..1000).contains(&json_records), "{json_records} records in a cut JSON page");
+    assert_eq!(page["next_seq_num"], json_records);
+    let media = [("accept", "application/x-nova-records")];
+    let page = nova.call_with("GET", "/v1/streams/small/s/records?seq_num=0", &media, None);
+    assert_eq!(page.status, 200);
+    let mut binary_records = 0;
+    let mut at = 0;
+    while let Some((frame, used)) = engine::framing::decode_frame(&page.body[at..]).unwrap() {
+        if let engine::framing::Frame::Records(run) = frame {
+            binary_records += run.iter().count() as u64;
+        }
+        at += used;
+    }
+    assert!(
+        (32..1000).contains(&binary_records) && page.body.len() as u64 <= free,
+        "{binary_records} records in a cut binary page of {} bytes",
+        page.body.len()
+    );
+    assert_eq!(read_answer(&mut stalled).0, 200);
+
+    // A reader asks for 256 records and takes none: as large as the whole budget, the
+    // page is held alone.
+    let mut stalled = stalled_read(address, "/v1/streams/big/s/records?seq_num=0&count=256");
+    await_held(16 << 20);
     // Another read finds no room: refused, naming the limit, with Retry-After.
     let refused = nova.call("GET", "/v1/streams/sub/s/records?seq_num=0", None);
     assert_eq!(refused.status, 429, "{}", refused.text());
@@ -1585,6 +1633,7 @@ fn response_pages_a_shard_holds_are_bounded() {
     let (status, page) = read_answer(&mut stalled);
     assert_eq!(status, 200);
     assert!(page.len() > 16 << 20, "{} bytes", page.len());
+    drop(stalled);
     // The subscription goes on where it was: no record skipped, none twice.
     let mut got = Vec::new();
     while got.len() < 2 {
