@@ -50,6 +50,13 @@ use crate::error::{ApiError, position};
 use crate::response_memory::PAGE_BYTES_MIN;
 use crate::wire::{self, Encoding};
 
+/// When an idle subscription's heartbeat is due: somewhat before `--sse-heartbeat-ms`
+/// (a tenth of it, at most 250 ms), so the read that waits for records and the send
+/// after it end within it, and a client never goes longer than it without an event.
+fn heartbeat_due(interval: std::time::Duration) -> std::time::Duration {
+    interval - (interval / 10).min(std::time::Duration::from_millis(250))
+}
+
 /// Events queued for one subscriber before its task waits.
 pub const EVENTS_QUEUED_MAX: usize = 4;
 /// Content bytes of one binary subscription page (a subscriber holds at most six: see
@@ -201,7 +208,7 @@ impl Subscription {
     /// heartbeat interval. False when the subscription should end instead.
     async fn room_for(&self, bytes: u64, tail: Tail, last_event: &mut Instant) -> bool {
         use futures_lite::future::or;
-        let heartbeat = self.shared.settings.heartbeat;
+        let heartbeat = heartbeat_due(self.shared.settings.heartbeat);
         loop {
             if self.over() {
                 return false;
@@ -286,7 +293,7 @@ impl Subscription {
     }
 
     async fn run(mut self, first: ReadReply) {
-        let heartbeat = self.shared.settings.heartbeat;
+        let heartbeat = heartbeat_due(self.shared.settings.heartbeat);
         let mut page = first;
         let mut last_event = Instant::now();
         loop {
@@ -386,5 +393,19 @@ impl Subscription {
                 }
             };
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use std::time::Duration;
+
+    use super::heartbeat_due;
+
+    #[test]
+    fn a_heartbeat_is_due_before_its_interval_is_out() {
+        assert_eq!(heartbeat_due(Duration::from_secs(15)), Duration::from_millis(14_750));
+        assert_eq!(heartbeat_due(Duration::from_millis(200)), Duration::from_millis(180));
+        assert_eq!(heartbeat_due(Duration::from_millis(100)), Duration::from_millis(90));
     }
 }
