@@ -340,3 +340,53 @@ fn a_session_whose_connection_failed_refuses_more_batches() {
     let refused = session.submit(&batch(&["c"]), &Conditions::default());
     assert!(matches!(refused, Err(Error::Io { .. })), "{refused:?}");
 }
+
+/// A read the server refuses with `Retry-After` (its shard's response memory full) is
+/// sent again once that time is out, and succeeds when room was freed meanwhile; with a
+/// single attempt the refusal comes back as it is.
+#[test]
+fn a_read_refused_with_retry_after_is_sent_again_after_it() {
+    let dir = tempfile::tempdir().expect("a temporary directory");
+    let flags = ["--shards", "1", "--http-response-memory-bytes", "16MiB"];
+    let nova = Nova::start_with(&dir.path().join("data"), &flags, &[]);
+    let client = Client::new(&nova.url).expect("url");
+    let mut wanted = Bucket::new("full");
+    wanted.create_on_append = true;
+    client.ensure_bucket(&wanted).expect("a bucket");
+    common::append_large(&nova, "full/big", 5);
+    let small = Address::new("full", "small");
+    client.append(&small, &batch(&["a", "b"]), &Conditions::default()).expect("append");
+    // A reader that takes nothing of a page as large as the whole budget holds it all.
+    let address = nova.url.trim_start_matches("http://").parse().expect("an address");
+    let stalled = common::stalled_read(address, "/v1/streams/full/big/records?count=256");
+    let held = || nova.metric("nova_http_response_bytes_held");
+    let refused = || nova.metric(r#"nova_http_requests_total{route="read",status="429"}"#);
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(30);
+    while held() < 16 << 20 {
+        assert!(std::time::Instant::now() < deadline, "the page is not held: {}", held());
+        std::thread::sleep(std::time::Duration::from_millis(10));
+    }
+    let once = Client::new(&nova.url).expect("url").with_attempts(1);
+    match once.read(&small, &ReadOptions::default()) {
+        Err(Error::Api(error)) => {
+            assert_eq!((error.status, error.code.as_str()), (429, "resource_exhausted"));
+            assert_eq!(error.retry_after_seconds, Some(1));
+        }
+        other => panic!("expected a refusal, got {other:?}"),
+    }
+    // Once the next read has been refused too, the reader goes away and its page with it;
+    // the read, sent again after Retry-After, gets its records.
+    std::thread::scope(|scope| {
+        scope.spawn(move || {
+            while refused() < 2 {
+                assert!(std::time::Instant::now() < deadline, "the read was not refused");
+                std::thread::sleep(std::time::Duration::from_millis(10));
+            }
+            drop(stalled);
+        });
+        let started = std::time::Instant::now();
+        let page = client.read(&small, &ReadOptions::default()).expect("read after Retry-After");
+        assert!(started.elapsed() >= std::time::Duration::from_secs(1), "Retry-After waited out");
+        assert_eq!(bodies(&page.records), ["a", "b"]);
+    });
+}

@@ -1461,22 +1461,6 @@ fn read_answer(stream: &mut std::net::TcpStream) -> (u16, Vec<u8>) {
     (status, body)
 }
 
-/// Appends `batches` binary batches of 64 records of 64 KiB to `stream` (4 MiB each).
-fn append_large(nova: &Nova, stream: &str, batches: usize) {
-    use engine::framing::{AppendBuilder, AppendConditions};
-    let media = [("content-type", "application/x-nova-records")];
-    for _ in 0..batches {
-        let mut builder = AppendBuilder::new();
-        for _ in 0..64 {
-            builder.push::<&[u8], &[u8]>(&[], &[b'r'; 64 << 10]).expect("fits");
-        }
-        let framed = builder.finish(&AppendConditions::default());
-        let ack =
-            nova.call_with("POST", &format!("/v1/streams/{stream}/records"), &media, Some(&framed));
-        assert_eq!(ack.status, 200, "{}", ack.text());
-    }
-}
-
 fn resident_bytes(pid: i32) -> u64 {
     let status = std::fs::read_to_string(format!("/proc/{pid}/status")).expect("its status");
     let kib: u64 = status
@@ -1494,7 +1478,7 @@ fn kept_alive_connections_do_not_keep_the_pages_they_answered() {
     let dir = tempdir();
     let nova = Nova::start(&dir.path().join("data"));
     nova.ok("POST", "/v1/buckets/big", Some(r#"{"create_stream_on_append":true}"#), 201);
-    append_large(&nova, "big/s", 5);
+    common::append_large(&nova, "big/s", 5);
     let address = nova.url.trim_start_matches("http://").to_owned();
     let page = "/v1/streams/big/s/records?seq_num=0&count=256";
     let media = "application/x-nova-records";
@@ -1521,22 +1505,6 @@ fn kept_alive_connections_do_not_keep_the_pages_they_answered() {
     );
 }
 
-/// Sends a binary read of `path` from a client that takes no byte of its answer, on a
-/// socket whose receive buffer is small, so that the server's buffers hold what it
-/// could send, whatever the host's TCP buffer sizes.
-fn stalled_read(address: std::net::SocketAddr, path: &str) -> std::net::TcpStream {
-    use std::io::Write as _;
-    let socket =
-        socket2::Socket::new(socket2::Domain::IPV4, socket2::Type::STREAM, None).expect("a socket");
-    socket.set_recv_buffer_size(64 << 10).expect("a small receive buffer");
-    socket.connect(&address.into()).expect("connect");
-    let mut stream = std::net::TcpStream::from(socket);
-    let request =
-        format!("GET {path} HTTP/1.1\r\nhost: nova\r\naccept: application/x-nova-records\r\n\r\n");
-    stream.write_all(request.as_bytes()).expect("send a read");
-    stream
-}
-
 /// Response memory (`--http-response-memory-bytes`): a page its client does not take
 /// stays held, a read finding no room is refused naming the limit, a subscription waits
 /// for room with heartbeats and then goes on with no gap, and everything is given back.
@@ -1548,7 +1516,7 @@ fn response_pages_a_shard_holds_are_bounded() {
     let nova = Nova::start_with(&dir.path().join("data"), &flags, &[]);
     let held = || nova.metric("nova_http_response_bytes_held");
     nova.ok("POST", "/v1/buckets/big", Some(r#"{"create_stream_on_append":true}"#), 201);
-    append_large(&nova, "big/s", 5);
+    common::append_large(&nova, "big/s", 5);
     nova.ok("POST", "/v1/buckets/sub", Some(r#"{"create_stream_on_append":true}"#), 201);
     append_bodies(&nova, "sub", &["a", "b"]);
     let mut subscription = subscribe(&nova, "sub", "seq_num=0", &[]);
@@ -1572,7 +1540,8 @@ fn response_pages_a_shard_holds_are_bounded() {
 
     // A reader asks for 252 records of 64 KiB and takes none of them: the page stays
     // held for as long as its client leaves it, and about 250 KiB stay free.
-    let mut stalled = stalled_read(address, "/v1/streams/big/s/records?seq_num=0&count=252");
+    let mut stalled =
+        common::stalled_read(address, "/v1/streams/big/s/records?seq_num=0&count=252");
     await_held(252 << 16);
     let free = (16 << 20) - held();
     assert!((64 << 10..256 << 10).contains(&free), "{free} bytes free");
@@ -1602,7 +1571,8 @@ fn response_pages_a_shard_holds_are_bounded() {
 
     // A reader asks for 256 records and takes none: as large as the whole budget, the
     // page is held alone.
-    let mut stalled = stalled_read(address, "/v1/streams/big/s/records?seq_num=0&count=256");
+    let mut stalled =
+        common::stalled_read(address, "/v1/streams/big/s/records?seq_num=0&count=256");
     await_held(16 << 20);
     // Another read finds no room: refused, naming the limit, with Retry-After.
     let refused = nova.call("GET", "/v1/streams/sub/s/records?seq_num=0", None);

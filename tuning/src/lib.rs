@@ -599,7 +599,7 @@ pub const HTTP_RESPONSE_MEMORY_BYTES: Knob = Knob {
     default: 1 << 30,
     min: 16 << 20,
     max: 1 << 40,
-    help: "read and subscription page bytes one shard holds at once, each page from when it is read until its client has taken its last byte; a read is cut to what is free, and refused (resource_exhausted, Retry-After) when under 64 KiB is; a subscription waits for room, with heartbeats; a page larger than this is sent alone",
+    help: "read and subscription page bytes one shard holds at once, each page from when it is read until its client has taken its last byte; a read is cut to the records that fit what is free, and refused (resource_exhausted, Retry-After) when under 64 KiB is free or its first record alone does not fit; a subscription waits for room, with heartbeats; a page larger than this is sent alone",
     reason: "--http-connections-max connections, each with a page of up to 16 MiB (a read) or six (a subscription) its client is slow to take, could otherwise hold tens of GiB; 1 GiB keeps a shard's slow readers beside --shard-memory-bytes while fast ones never meet it",
 };
 

@@ -14,11 +14,16 @@
 //! - [`Subscription`]: an iterator over a subscription, binary framing by default, SSE on
 //!   request.
 //! - Retries only what is safe: reads, metadata reads, and appends that carry
-//!   `match_seq_num` (which land once or are refused). Anything else that fails on the way
-//!   is returned, never resent: a plain append may have landed.
+//!   `match_seq_num` (which land once or are refused), when the connection failed, the
+//!   server was unavailable, or it answered with `Retry-After` (waited out, up to
+//!   [`RETRY_AFTER_MAX`]). Anything else that fails on the way is returned, never
+//!   resent: a plain append may have landed.
 //!
 //! Never here: sequencing, stamping or checking records beyond their encoding; the server
 //! is the authority for every limit.
+
+/// The longest `Retry-After` a retry waits out; a longer one is waited this long.
+pub const RETRY_AFTER_MAX: Duration = Duration::from_secs(30);
 
 pub mod http;
 mod session;
@@ -115,12 +120,24 @@ impl Error {
     }
 
     /// Whether resending the same request could succeed and is harmless for a call that
-    /// is safe to repeat: the connection failed, or the server was unavailable.
+    /// is safe to repeat: the connection failed, the server was unavailable, or it asked
+    /// for the request again later (`Retry-After`: a shard's memory full, a throttle).
     fn transient(&self) -> bool {
         match self {
             Error::Io { .. } => true,
-            Error::Api(api) => api.status == 503,
+            Error::Api(api) => api.status == 503 || api.retry_after_seconds.is_some(),
             _ => false,
+        }
+    }
+
+    /// How long the server asked to wait before the request is sent again, at most
+    /// [`RETRY_AFTER_MAX`].
+    fn retry_after(&self) -> Duration {
+        match self {
+            Error::Api(ApiError { retry_after_seconds: Some(seconds), .. }) => {
+                Duration::from_secs(*seconds).min(RETRY_AFTER_MAX)
+            }
+            _ => Duration::ZERO,
         }
     }
 
@@ -875,7 +892,7 @@ impl Client {
             });
             match result {
                 Err(error) if attempt < attempts && error.transient() => {
-                    std::thread::sleep(backoff);
+                    std::thread::sleep(backoff.max(error.retry_after()));
                     backoff *= 2;
                     attempt += 1;
                 }

@@ -299,3 +299,35 @@ pub fn shell(command: &str) -> String {
     assert!(output.status.success(), "{command}: {}", String::from_utf8_lossy(&output.stderr));
     String::from_utf8_lossy(&output.stdout).into_owned()
 }
+
+/// Appends `batches` binary batches of 64 records of 64 KiB to `stream` (4 MiB each).
+pub fn append_large(nova: &Nova, stream: &str, batches: usize) {
+    use engine::framing::{AppendBuilder, AppendConditions};
+    let media = [("content-type", "application/x-nova-records")];
+    for _ in 0..batches {
+        let mut builder = AppendBuilder::new();
+        for _ in 0..64 {
+            builder.push::<&[u8], &[u8]>(&[], &[b'r'; 64 << 10]).expect("fits");
+        }
+        let framed = builder.finish(&AppendConditions::default());
+        let ack =
+            nova.call_with("POST", &format!("/v1/streams/{stream}/records"), &media, Some(&framed));
+        assert_eq!(ack.status, 200, "{}", ack.text());
+    }
+}
+
+/// Sends a binary read of `path` from a client that takes no byte of its answer, on a
+/// socket whose receive buffer is small, so that the server's buffers hold what it
+/// could send, whatever the host's TCP buffer sizes.
+pub fn stalled_read(address: std::net::SocketAddr, path: &str) -> std::net::TcpStream {
+    use std::io::Write as _;
+    let socket =
+        socket2::Socket::new(socket2::Domain::IPV4, socket2::Type::STREAM, None).expect("a socket");
+    socket.set_recv_buffer_size(64 << 10).expect("a small receive buffer");
+    socket.connect(&address.into()).expect("connect");
+    let mut stream = std::net::TcpStream::from(socket);
+    let request =
+        format!("GET {path} HTTP/1.1\r\nhost: nova\r\naccept: application/x-nova-records\r\n\r\n");
+    stream.write_all(request.as_bytes()).expect("send a read");
+    stream
+}
