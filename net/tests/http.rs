@@ -2241,7 +2241,8 @@ fn a_subscription_ends_when_its_stream_is_recreated_under_it() {
 
 /// A subscription from the start of stream `s` of a new bucket `bucket`, over 16 MiB of
 /// history (1,024 records of `body`, 16 KiB) that its client does not read: more than
-/// the subscription's queue, hyper's buffer and the sockets hold, so it stops reading
+/// the subscription's queue, hyper's buffer and the sockets hold (its client's receive
+/// buffer is made small, whatever the host's TCP buffer sizes), so it stops reading
 /// pages on a full queue before its end. Returned once it has.
 fn a_stalled_subscription(nova: &Nova, bucket: &str, body: &str) -> client::Streaming {
     let config = r#"{"create_stream_on_append":true,"default_class":"express"}"#;
@@ -2250,7 +2251,18 @@ fn a_stalled_subscription(nova: &Nova, bucket: &str, body: &str) -> client::Stre
     for _ in 0..16 {
         nova.ok("POST", &format!("/v1/streams/{bucket}/s/records"), Some(&batch), 200);
     }
-    let stream = subscribe(nova, bucket, "seq_num=0", &[]);
+    let address = nova.url.trim_start_matches("http://").parse().expect("an address");
+    let stream = client::open_on(
+        common::connect_with_small_window(address),
+        &nova.server,
+        "GET",
+        &format!("/v1/streams/{bucket}/s/records?seq_num=0"),
+        &[("accept", "text/event-stream")],
+        None,
+        Some(Duration::from_secs(30)),
+    )
+    .expect("subscribe");
+    assert_eq!(stream.status, 200);
     // Until the subscription has stopped reading pages (a count that has stopped moving
     // is all a client can see of it).
     let deadline = Instant::now() + Duration::from_secs(30);

@@ -125,7 +125,20 @@ pub fn open(
     body: Option<&[u8]>,
     timeout: Option<Duration>,
 ) -> io::Result<Streaming> {
-    let mut stream = TcpStream::connect(&server.authority)?;
+    open_on(TcpStream::connect(&server.authority)?, server, method, path, headers, body, timeout)
+}
+
+/// [`open`] on a connection to `server` the caller made (with socket options of its
+/// own, say); the request asks the server to close it after the answer.
+pub fn open_on(
+    mut stream: TcpStream,
+    server: &Server,
+    method: &str,
+    path: &str,
+    headers: &[(&str, &str)],
+    body: Option<&[u8]>,
+    timeout: Option<Duration>,
+) -> io::Result<Streaming> {
     stream.set_nodelay(true)?;
     stream.set_read_timeout(timeout)?;
     let mut out = Vec::with_capacity(256 + body.map_or(0, <[u8]>::len));

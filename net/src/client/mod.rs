@@ -43,7 +43,8 @@ use engine::options::{OptionScope, ProducerPolicy, StorageClass, TimestampingMod
 use serde_json::{Map, Value, json};
 
 pub use http::{
-    Event, Response, Server, Streaming, encode_segment, next_event, open, read_response, request,
+    Event, Response, Server, Streaming, encode_segment, next_event, open, open_on, read_response,
+    request,
 };
 pub use session::{AppendSession, SessionAck};
 pub use subscription::{SUBSCRIBE_MEDIA_TYPE, Subscription, SubscriptionEvent};

@@ -316,16 +316,22 @@ pub fn append_large(nova: &Nova, stream: &str, batches: usize) {
     }
 }
 
-/// Sends a binary read of `path` from a client that takes no byte of its answer, on a
-/// socket whose receive buffer is small, so that the server's buffers hold what it
-/// could send, whatever the host's TCP buffer sizes.
-pub fn stalled_read(address: std::net::SocketAddr, path: &str) -> std::net::TcpStream {
-    use std::io::Write as _;
+/// A connection to `address` whose receive buffer is small (64 KiB), for a client that
+/// stops reading: what the server could not send stays in the server, whatever the
+/// host's TCP buffer sizes.
+pub fn connect_with_small_window(address: std::net::SocketAddr) -> std::net::TcpStream {
     let socket =
         socket2::Socket::new(socket2::Domain::IPV4, socket2::Type::STREAM, None).expect("a socket");
     socket.set_recv_buffer_size(64 << 10).expect("a small receive buffer");
     socket.connect(&address.into()).expect("connect");
-    let mut stream = std::net::TcpStream::from(socket);
+    socket.into()
+}
+
+/// Sends a binary read of `path` from a client that takes no byte of its answer, on a
+/// [`connect_with_small_window`] connection.
+pub fn stalled_read(address: std::net::SocketAddr, path: &str) -> std::net::TcpStream {
+    use std::io::Write as _;
+    let mut stream = connect_with_small_window(address);
     let request =
         format!("GET {path} HTTP/1.1\r\nhost: nova\r\naccept: application/x-nova-records\r\n\r\n");
     stream.write_all(request.as_bytes()).expect("send a read");
