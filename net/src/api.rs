@@ -33,7 +33,7 @@ use crate::auth::{Auth, Caller, CallerCache};
 use crate::body::Body;
 use crate::error::{ApiError, position};
 use crate::metrics::Metrics;
-use crate::response_memory::ResponseMemory;
+use crate::response_memory::{CUTS_MAX, ResponseMemory};
 use crate::wire::{self, Encoding};
 
 /// The binary framing's media type.
@@ -1106,6 +1106,7 @@ async fn read(
     limits.bytes = shared.responses.page_bytes(limits.bytes)?;
     let mut read =
         ReadRequest { start: params.start, clamp: params.clamp, limits, wait: params.wait };
+    let mut cuts = 0;
     let (body, media, hold) = loop {
         let reply = read_page(shared, bucket, key, read).await?;
         // A long poll may have waited a minute: its token is checked again before
@@ -1113,8 +1114,8 @@ async fn read(
         if let (Some(_), Some(auth)) = (params.wait, &shared.auth) {
             auth.still_valid(caller, now_ms())?;
         }
-        let (records, first_seq_num) =
-            (reply.record_count, reply.next_seq_num - reply.record_count);
+        let (records, content, first_seq_num) =
+            (reply.record_count, reply.content_bytes, reply.next_seq_num - reply.record_count);
         let (body, media) = if binary {
             let mut frames = reply.frames;
             framing::encode_page_end(reply.next_seq_num, reply.tail, &mut frames);
@@ -1129,24 +1130,37 @@ async fn read(
             (page.to_string().into_bytes(), "application/json")
         };
         let bytes = body.len() as u64;
+        if records == 0 {
+            // A page of no records is a few dozen bytes: nothing to hold.
+            break (body, media, None);
+        }
         if let Some(hold) = shared.responses.try_hold(bytes) {
-            break (body, media, hold);
+            break (body, media, Some(hold));
         }
         // Encoded, the page is larger than what is free (its cut counted content, or
-        // others took the room while it was read): read again from where it began, as
-        // the records that fit, without waiting; refused only when one record is more
-        // than is free, or too little is free to cut to.
-        let Some(fit) = shared.responses.records_that_fit(records, bytes) else {
+        // others took the room while it was read): read again from where it began, cut
+        // to fit, without waiting; refused only when one record is more than is free,
+        // too little is free to cut to, or cuts did not make it fit.
+        let cut = shared.responses.cut_to_fit(records, content, bytes).filter(|_| cuts < CUTS_MAX);
+        let Some(cut) = cut else {
             return Err(shared.responses.refusal(bytes));
         };
+        cuts += 1;
         read = ReadRequest {
             start: ReadStart::SeqNum(first_seq_num),
             clamp: false,
-            limits: PageLimits { records: fit, ..read.limits },
+            limits: PageLimits {
+                records: read.limits.records.min(cut.records),
+                bytes: read.limits.bytes.min(cut.bytes),
+                until: read.limits.until,
+            },
             wait: None,
         };
     };
-    let mut response = Response::new(Body::held(body, hold));
+    let mut response = Response::new(match hold {
+        Some(hold) => Body::held(body, hold),
+        None => Body::full(body),
+    });
     response.headers_mut().insert(header::CONTENT_TYPE, HeaderValue::from_static(media));
     Ok(response)
 }

@@ -4,10 +4,10 @@
 //! slow or stalled clients keep in the server is bounded per shard, not per connection.
 //!
 //! A page is read cut to what is free, counted in content bytes; encoded it is larger,
-//! so one that does not fit once encoded is read again from the same start as the
-//! records that fit ([`ResponseMemory::records_that_fit`]), never held outside the
-//! bound. A read that cannot be cut to fit (one record, or under [`PAGE_BYTES_MIN`]
-//! free) is refused (`resource_exhausted`, Retry-After): it never waits while something
+//! so one that does not fit once encoded is read again from the same start, cut in
+//! proportion to what is free ([`ResponseMemory::cut_to_fit`]), never held outside the
+//! bound. A read that cannot be cut to fit (one record, under [`PAGE_BYTES_MIN`] free,
+//! or [`CUTS_MAX`] cuts that did not) is refused (`resource_exhausted`, Retry-After): it never waits while something
 //! of the budget could be its own. A subscription waits for room instead, holding
 //! nothing while it waits (its queued pages drain as its client reads them, whatever
 //! else waits). A page larger than the whole budget is held alone, when nothing else
@@ -28,6 +28,17 @@ use crate::metrics::Metrics;
 /// refused and a subscription waits. (A page is cut to what is free, so this is also the
 /// smallest page the budget cuts one to.)
 pub const PAGE_BYTES_MIN: u64 = 64 << 10;
+
+/// Times a page is cut and read again before what is left is refused (a read) or waited
+/// for whole (a subscription): a cut scales to what is free, so one nearly always does.
+pub const CUTS_MAX: u32 = 3;
+
+/// What a page read again is cut to: at most this many records and content bytes.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Cut {
+    pub records: u64,
+    pub bytes: u64,
+}
 
 pub struct ResponseMemory {
     limit: u64,
@@ -72,17 +83,22 @@ impl ResponseMemory {
         }
     }
 
-    /// After a page of `records` records that came to `bytes` did not fit: how many
-    /// records a page read again from the same start should be cut to, so that it fits
-    /// what is free now (fewer than `records`). None when it cannot be cut to fit: it is
-    /// one record, or less than [`PAGE_BYTES_MIN`] is free.
-    pub fn records_that_fit(&self, records: u64, bytes: u64) -> Option<u64> {
+    /// After a page of `records` records and `content` content bytes came to `encoded`
+    /// bytes and did not fit: the cut a page read again from the same start takes to fit
+    /// what is free now, its records and its content both scaled to nine tenths of what
+    /// is free over what it came to (so records of very different sizes shrink it too,
+    /// and its encoding's fixed part rarely takes it past). None when it cannot be cut to
+    /// fit: it is one record, or less than [`PAGE_BYTES_MIN`] is free.
+    pub fn cut_to_fit(&self, records: u64, content: u64, encoded: u64) -> Option<Cut> {
         let free = self.available();
-        if records <= 1 || free < PAGE_BYTES_MIN || free >= bytes {
+        if records <= 1 || free < PAGE_BYTES_MIN || free >= encoded {
             return None;
         }
-        let fit = u128::from(records) * u128::from(free) / u128::from(bytes);
-        Some(u64::try_from(fit).unwrap_or(records).max(1))
+        let scale = |n: u64| {
+            let scaled = u128::from(n) * u128::from(free) * 9 / (10 * u128::from(encoded));
+            u64::try_from(scaled).unwrap_or(n).max(1)
+        };
+        Some(Cut { records: scale(records), bytes: scale(content) })
     }
 
     /// Resolves once `bytes` would fit (or nothing is held). Nothing is reserved: a
@@ -183,20 +199,22 @@ mod tests {
     }
 
     #[test]
-    fn a_page_that_did_not_fit_is_cut_to_the_records_that_do() {
+    fn a_page_that_did_not_fit_is_cut_in_proportion_to_what_is_free() {
         let memory = memory(1 << 20);
         let most = memory.try_hold(768 << 10).unwrap();
-        // 256 KiB free: a page of 100 records that came to 512 KiB is read again as 50.
-        assert_eq!(memory.records_that_fit(100, 512 << 10), Some(50));
-        // Always fewer, never none.
-        assert_eq!(memory.records_that_fit(2, (256 << 10) + 1), Some(1));
-        assert_eq!(memory.records_that_fit(3, 100 << 20), Some(1));
+        // 256 KiB free: a page of 100 records, 480 KiB of content, that came to 512 KiB
+        // is read again as 45 records and 216 KiB (nine tenths of half).
+        let cut = memory.cut_to_fit(100, 480 << 10, 512 << 10);
+        assert_eq!(cut, Some(Cut { records: 45, bytes: 216 << 10 }));
+        // Always fewer records, never none.
+        assert_eq!(memory.cut_to_fit(2, 300 << 10, (256 << 10) + 1).unwrap().records, 1);
+        assert_eq!(memory.cut_to_fit(3, 3, 100 << 20), Some(Cut { records: 1, bytes: 1 }));
         // One record cannot be cut; a page that fits needs no cut.
-        assert_eq!(memory.records_that_fit(1, 512 << 10), None);
-        assert_eq!(memory.records_that_fit(100, 256 << 10), None);
+        assert_eq!(memory.cut_to_fit(1, 500 << 10, 512 << 10), None);
+        assert_eq!(memory.cut_to_fit(100, 200 << 10, 256 << 10), None);
         // Under the floor nothing is cut to.
         let more = memory.try_hold(200 << 10).unwrap();
-        assert_eq!(memory.records_that_fit(100, 512 << 10), None);
+        assert_eq!(memory.cut_to_fit(100, 480 << 10, 512 << 10), None);
         drop((most, more));
     }
 

@@ -47,7 +47,7 @@ use crate::api::{self, Shared};
 use crate::auth::Caller;
 use crate::body::{Body, Chunk};
 use crate::error::{ApiError, position};
-use crate::response_memory::PAGE_BYTES_MIN;
+use crate::response_memory::{CUTS_MAX, Cut, PAGE_BYTES_MIN};
 use crate::wire::{self, Encoding};
 
 /// When an idle subscription's heartbeat is due: somewhat before `--sse-heartbeat-ms`
@@ -296,13 +296,15 @@ impl Subscription {
         let heartbeat = heartbeat_due(self.shared.settings.heartbeat);
         let mut page = first;
         let mut last_event = Instant::now();
+        // Cuts of the page being read again, since one was last delivered.
+        let mut cuts = 0;
         loop {
             let (next_seq_num, tail, reached_until) =
                 (page.next_seq_num, page.tail, page.reached_until);
-            // Where the next read starts, the room it waits for first, and the records it
-            // is cut to (a page let go is read again as fewer records, or as the same
-            // records once their bytes fit, however far the stream has grown since).
-            let (mut resume, mut room, mut records_max) = (next_seq_num, PAGE_BYTES_MIN, None);
+            // Where the next read starts, the room it waits for first, and what it is cut
+            // to (a page let go is read again cut to fit, or as the same records once
+            // their bytes fit, however far the stream has grown since).
+            let (mut resume, mut room, mut cut) = (next_seq_num, PAGE_BYTES_MIN, None);
             if page.record_count > 0 && !self.left.fits(&page) {
                 // Past the page's byte budget only with its first record (stream.rs
                 // `Leader::page`), so the page is that one record: the subscription ends
@@ -313,8 +315,8 @@ impl Subscription {
                 return;
             }
             if page.record_count > 0 {
-                let (first_seq_num, page_records) =
-                    (next_seq_num - page.record_count, page.record_count);
+                let (first_seq_num, page_records, content) =
+                    (next_seq_num - page.record_count, page.record_count, page.content_bytes);
                 let mut left = self.left;
                 left.take(&page);
                 let records = match self.records(page) {
@@ -326,7 +328,7 @@ impl Subscription {
                 };
                 match self.shared.responses.try_hold(records.len() as u64) {
                     Some(hold) => {
-                        self.left = left;
+                        (self.left, cuts) = (left, 0);
                         if !self.send(Chunk::held(records, hold)).await {
                             return;
                         }
@@ -334,18 +336,21 @@ impl Subscription {
                     }
                     // Encoded, the page is larger than what is free (its cut counted
                     // content, or others took the room while it was read): it is let go
-                    // and read again from where it began, as the records that fit now, or,
-                    // when it cannot be cut to fit, as itself once as much is free.
+                    // and read again from where it began: cut to fit what is free now; or,
+                    // with too little free, once at least the floor is; or, one record
+                    // (or cut as often as cuts go), as itself once as much is free.
                     None => {
                         let bytes = records.len() as u64;
                         resume = first_seq_num;
-                        match self.shared.responses.records_that_fit(page_records, bytes) {
-                            Some(fit) => records_max = Some(fit),
-                            None => {
-                                // Slack for a tail of more digits in the page's JSON.
-                                room = bytes + 64;
-                                records_max = Some(page_records);
-                            }
+                        let responses = &self.shared.responses;
+                        cut = responses
+                            .cut_to_fit(page_records, content, bytes)
+                            .filter(|_| cuts < CUTS_MAX);
+                        cuts += 1;
+                        if cut.is_none() && (page_records == 1 || cuts > CUTS_MAX) {
+                            // Slack for a tail of more digits in the page's JSON.
+                            room = bytes + 64;
+                            cut = Some(Cut { records: page_records, bytes: content });
                         }
                     }
                 }
@@ -371,8 +376,9 @@ impl Subscription {
             let mut next = self.left.request(self.wire, ReadStart::SeqNum(resume), false, wait);
             // After the wait for room, at least that much is free (or nothing is held).
             next.limits.bytes = next.limits.bytes.min(self.shared.responses.available().max(room));
-            if let Some(records) = records_max {
-                next.limits.records = next.limits.records.min(records);
+            if let Some(cut) = cut {
+                next.limits.records = next.limits.records.min(cut.records);
+                next.limits.bytes = next.limits.bytes.min(cut.bytes.max(1));
             }
             let read =
                 self.shared.client.read_existing(&self.bucket, &self.key, self.stream, next).await;

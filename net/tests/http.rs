@@ -1433,6 +1433,40 @@ fn request_bodies_a_shard_holds_are_bounded() {
     );
 }
 
+/// A subscriber that goes away gives back at once what its queued pages held, though its
+/// subscription is in a long wait for records (the body empties its channel when
+/// dropped: a channel's items outlive its receivers until taken out).
+#[test]
+fn a_subscriber_gone_gives_its_queued_pages_back_at_once() {
+    use std::io::Write as _;
+    let dir = tempdir();
+    let nova = Nova::start_with(&dir.path().join("data"), &["--shards", "1"], &[]);
+    let held = || nova.metric("nova_http_response_bytes_held");
+    nova.ok("POST", "/v1/buckets/gone", Some(r#"{"create_stream_on_append":true}"#), 201);
+    // Five pages of 4 MiB: one in hyper's hands, four queued; then the subscription
+    // waits for new records, for the default heartbeat's 15 s.
+    common::append_large(&nova, "gone/s", 5);
+    let address = nova.url.trim_start_matches("http://").parse().expect("an address");
+    let mut subscriber = common::connect_with_small_window(address);
+    subscriber
+        .write_all(
+            b"GET /v1/streams/gone/s/records?seq_num=0 HTTP/1.1\r\nhost: nova\r\n\
+              accept: application/x-nova-records; subscribe=true\r\n\r\n",
+        )
+        .expect("subscribe");
+    let deadline = Instant::now() + Duration::from_secs(30);
+    while held() < 20 << 20 {
+        assert!(Instant::now() < deadline, "the pages are not all held: {}", held());
+        std::thread::sleep(Duration::from_millis(10));
+    }
+    drop(subscriber);
+    let gone = Instant::now();
+    while held() > 0 {
+        assert!(gone.elapsed() < Duration::from_secs(5), "{} bytes still held", held());
+        std::thread::sleep(Duration::from_millis(10));
+    }
+}
+
 /// Sends a GET on a kept-alive connection and reads its whole answer: status and body.
 fn get_on(stream: &mut std::net::TcpStream, path: &str, accept: &str) -> (u16, Vec<u8>) {
     use std::io::Write as _;
@@ -1567,6 +1601,26 @@ fn response_pages_a_shard_holds_are_bounded() {
         "{binary_records} records in a cut binary page of {} bytes",
         page.body.len()
     );
+    // So is every page of a subscription, which then goes on page after page as its
+    // client takes them: all 1,000 records, in order, none twice.
+    let mut small = subscribe(&nova, "small", "seq_num=0&count=1000", &[]);
+    let mut seq_nums = Vec::new();
+    let started = Instant::now();
+    loop {
+        assert!(started.elapsed() < Duration::from_secs(30), "got {} records", seq_nums.len());
+        let next = event(&mut small);
+        match next.event.as_str() {
+            "batch" => {
+                let page: Value = serde_json::from_str(&next.data).unwrap();
+                let records = page["records"].as_array().expect("records");
+                assert!(records.len() < 1000, "a page of {} records was not cut", records.len());
+                seq_nums.extend(records.iter().map(|r| r["seq_num"].as_u64().unwrap()));
+            }
+            "end" => break,
+            _ => {}
+        }
+    }
+    assert_eq!(seq_nums, (0..1000).collect::<Vec<u64>>());
     assert_eq!(read_answer(&mut stalled).0, 200);
 
     // A reader asks for 256 records and takes none: as large as the whole budget, the
