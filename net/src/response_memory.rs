@@ -7,11 +7,11 @@
 //! so one that does not fit once encoded is read again from the same start, cut in
 //! proportion to what is free ([`ResponseMemory::cut_to_fit`]), never held outside the
 //! bound. A read that cannot be cut to fit (one record, under [`PAGE_BYTES_MIN`] free,
-//! or [`CUTS_MAX`] cuts that did not) is refused (`resource_exhausted`, Retry-After): it never waits while something
-//! of the budget could be its own. A subscription waits for room instead, holding
-//! nothing while it waits (its queued pages drain as its client reads them, whatever
-//! else waits). A page larger than the whole budget is held alone, when nothing else
-//! is, so the budget never makes a page impossible.
+//! or [`CUTS_MAX`] cuts that did not) is refused (`resource_exhausted`, Retry-After):
+//! it never waits while something of the budget could be its own. A subscription waits
+//! for room instead, holding nothing while it waits (its queued pages drain as its
+//! client reads them, whatever else waits). A page larger than the whole budget is held
+//! alone, when nothing else is, so the budget never makes a page impossible.
 //!
 //! Single-threaded by design (`Rc`, `Cell`): one per shard, on its executor.
 

@@ -19,14 +19,14 @@
 //! [`BINARY_PAGE_BYTES_MAX`] for the binary framing); a subscriber that does not read
 //! leaves the task waiting on the channel, not buffering. With the page hyper is
 //! writing and the one the task waits to queue, that is six pages: 24 MiB for the
-//! binary framing, and for SSE 6 MiB of content, whose JSON may be several times that (a control byte is six characters
-//! escaped). Every page is also held in the shard's response memory
-//! (`--http-response-memory-bytes`, response_memory.rs) until its client has taken it:
-//! a page is read cut to what is free, and when too little is, the subscription waits
-//! for room (sending heartbeats with the last tail it saw), holding nothing more. A
-//! page that does not fit once encoded is let go and read again from its start, as the
-//! records that fit or once there is room, so nothing is ever held outside the budget,
-//! and no record is skipped or sent twice.
+//! binary framing, and for SSE 6 MiB of content, whose JSON may be several times that
+//! (a control byte is six characters escaped). Every page is also held in the shard's
+//! response memory (`--http-response-memory-bytes`, response_memory.rs) until its
+//! client has taken it: a page is read cut to what is free, and when too little is, the
+//! subscription waits for room (sending heartbeats with the last tail it saw), holding
+//! nothing more. A page that does not fit once encoded is let go and read again from
+//! its start, cut to fit or once there is room, so nothing is ever held outside the
+//! budget, and no record is skipped or sent twice.
 
 use std::rc::Rc;
 use std::time::Instant;
