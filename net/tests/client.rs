@@ -343,7 +343,7 @@ fn a_session_whose_connection_failed_refuses_more_batches() {
 
 /// A read the server refuses with `Retry-After` (its shard's response memory full) is
 /// sent again once that time is out, and succeeds when room was freed meanwhile; with a
-/// single attempt the refusal comes back as it is.
+/// single attempt the refusal comes back as it is. Opening a subscription likewise.
 #[test]
 fn a_read_refused_with_retry_after_is_sent_again_after_it() {
     let dir = tempfile::tempdir().expect("a temporary directory");
@@ -388,5 +388,27 @@ fn a_read_refused_with_retry_after_is_sent_again_after_it() {
         let page = client.read(&small, &ReadOptions::default()).expect("read after Retry-After");
         assert!(started.elapsed() >= std::time::Duration::from_secs(1), "Retry-After waited out");
         assert_eq!(bodies(&page.records), ["a", "b"]);
+    });
+    // A subscription is opened the same way.
+    let stalled = common::stalled_read(address, "/v1/streams/full/big/records?count=256");
+    while held() < 16 << 20 {
+        assert!(std::time::Instant::now() < deadline, "the page is not held: {}", held());
+        std::thread::sleep(std::time::Duration::from_millis(10));
+    }
+    let refused = || nova.metric(r#"nova_http_requests_total{route="subscribe",status="429"}"#);
+    std::thread::scope(|scope| {
+        scope.spawn(move || {
+            while refused() < 1 {
+                assert!(std::time::Instant::now() < deadline, "the subscription was not refused");
+                std::thread::sleep(std::time::Duration::from_millis(10));
+            }
+            drop(stalled);
+        });
+        let mut subscription =
+            client.subscribe(&small, &ReadOptions::default(), false).expect("subscribe");
+        match subscription.next().expect("an event").expect("not an error") {
+            SubscriptionEvent::Records { records, .. } => assert_eq!(bodies(&records), ["a", "b"]),
+            other => panic!("expected records, got {other:?}"),
+        }
     });
 }

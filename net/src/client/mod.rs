@@ -880,22 +880,30 @@ impl Client {
         body: Option<&[u8]>,
         safe: bool,
     ) -> Result<Response> {
-        let attempts = if safe { self.attempts } else { 1 };
-        let mut backoff = self.backoff;
-        let mut attempt = 1;
-        loop {
-            let result = self.send_once(method, path, headers, body).and_then(|response| {
+        self.retrying(safe, || {
+            self.send_once(method, path, headers, body).and_then(|response| {
                 if (200..300).contains(&response.status) {
                     Ok(response)
                 } else {
                     Err(Error::from_response(&response))
                 }
-            });
-            match result {
-                Err(error) if attempt < attempts && error.transient() => {
+            })
+        })
+    }
+
+    /// Runs `attempt` until it succeeds, fails for good, or the attempts are spent (one
+    /// when it is not `safe` to repeat): after a transient failure it waits the backoff,
+    /// doubled each time, or the server's `Retry-After` when that is longer.
+    fn retrying<T>(&self, safe: bool, mut attempt: impl FnMut() -> Result<T>) -> Result<T> {
+        let attempts = if safe { self.attempts } else { 1 };
+        let mut backoff = self.backoff;
+        let mut tried = 1;
+        loop {
+            match attempt() {
+                Err(error) if tried < attempts && error.transient() => {
                     std::thread::sleep(backoff.max(error.retry_after()));
                     backoff *= 2;
-                    attempt += 1;
+                    tried += 1;
                 }
                 other => return other,
             }
@@ -1188,7 +1196,10 @@ impl Client {
         last_seq_num: Option<u64>,
     ) -> Result<Subscription> {
         let sse = sse || self.format == Format::Json;
-        Subscription::open(&self.server, address, options, sse, last_seq_num, self.timeout)
+        // Opening is a read: safe to repeat.
+        self.retrying(true, || {
+            Subscription::open(&self.server, address, options, sse, last_seq_num, self.timeout)
+        })
     }
 }
 
