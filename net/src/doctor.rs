@@ -89,6 +89,15 @@ struct Options {
     /// The node `nova serve` would start here: the engine knobs from their environment
     /// variables, else their defaults (shards, memory budget, journal sizes).
     node: engine::node::NodeConfig,
+    /// What each shard's HTTP server may hold at most, from the same place: request
+    /// bodies (`--http-body-memory-bytes`) and responses (`--http-response-memory-bytes`).
+    http_memory: HttpMemory,
+}
+
+#[derive(Clone, Copy)]
+struct HttpMemory {
+    bodies: u64,
+    responses: u64,
 }
 
 /// `nova doctor --help`.
@@ -201,13 +210,19 @@ fn parse(args: &[String]) -> Result<Options, String> {
         let from_env = tuning::JOURNAL_DIR.resolve(None);
         (!from_env.is_empty()).then(|| PathBuf::from(from_env))
     });
-    Ok(Options { data_dir, json, sync_writes, s3_flags, node })
+    let http = |knob: tuning::Knob| knob.resolve(None).map_err(|e| e.message);
+    let http_memory = HttpMemory {
+        bodies: http(tuning::HTTP_BODY_MEMORY_BYTES)?,
+        responses: http(tuning::HTTP_RESPONSE_MEMORY_BYTES)?,
+    };
+    Ok(Options { data_dir, json, sync_writes, s3_flags, node, http_memory })
 }
 
 /// Every check, in the order they are printed.
 fn run(options: &Options, store: Option<&ObjectStoreConfig>) -> Vec<Finding> {
     let node = &options.node;
-    let mut findings = vec![cores(node.shards), memory(node), kernel(), io_uring(), memlock()];
+    let memory = memory(node, options.http_memory);
+    let mut findings = vec![cores(node.shards), memory, kernel(), io_uring(), memlock()];
     findings.extend(data_dir_checks(options));
     findings.push(object_store(store, &options.data_dir));
     findings
@@ -275,7 +290,7 @@ fn meminfo(text: &str, key: &str) -> Option<u64> {
     Some(kib * 1024)
 }
 
-fn memory(node: &engine::node::NodeConfig) -> Finding {
+fn memory(node: &engine::node::NodeConfig, http: HttpMemory) -> Finding {
     let shards = node.shards;
     let text = std::fs::read_to_string("/proc/meminfo").unwrap_or_default();
     let (Some(total), Some(available)) =
@@ -285,20 +300,39 @@ fn memory(node: &engine::node::NodeConfig) -> Finding {
     };
     let budget = node.shard.memory_budget_bytes;
     let held = budget.saturating_mul(shards as u64);
+    // At their bounds only: request bodies and responses slow clients leave in the server.
+    let http_held = http.bodies.saturating_add(http.responses).saturating_mul(shards as u64);
     let found = format!(
-        "{} total, {} available; {shards} shard{} may hold {} (--shard-memory-bytes {} each)",
+        "{} total, {} available; {shards} shard{} may hold {} (--shard-memory-bytes {} each), \
+         and {} more at most in HTTP bodies and responses",
         bytes(total),
         bytes(available),
         if shards == 1 { "" } else { "s" },
         bytes(held),
-        bytes(budget)
+        bytes(budget),
+        bytes(http_held)
     );
     let details = json!({
         "total_bytes": total,
         "available_bytes": available,
         "shard_memory_bytes": budget,
+        "http_body_memory_bytes": http.bodies,
+        "http_response_memory_bytes": http.responses,
         "shards": shards,
     });
+    if held.saturating_add(http_held) > available && held <= available / 2 {
+        // The shards' caches fit; what slow or flooding clients could make the HTTP
+        // servers hold on top of them would not.
+        let room = available.saturating_sub(held) / shards.max(1) as u64;
+        return finding("memory", Status::Warn, found)
+            .recommend(format!(
+                "the shards' caches and their HTTP bounds together exceed the available memory: \
+                 lower --http-response-memory-bytes and --http-body-memory-bytes (at least twice \
+                 --http-json-body-bytes-max) until the two add up to {} or less",
+                mib_text(room)
+            ))
+            .details(details);
+    }
     if held > available / 2 {
         // Leave half of what is available to the page cache, the uploader's bundles and
         // everything else on the host.

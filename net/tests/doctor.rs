@@ -146,6 +146,21 @@ fn the_checks_use_the_engine_knobs_nova_serve_would_use() {
     // Three shards' journals of two 256 MiB segments each (no spares).
     assert_eq!(finding(&report, "disk_space")["details"]["journal_bytes"], 3 * 2 * (256u64 << 20));
     assert_eq!(finding(&report, "memory")["details"]["shards"], 3, "{report}");
+    // The HTTP servers' bounds count too: past what is available beside the caches, a
+    // warning names the knobs to lower.
+    let out = Command::new(env!("CARGO_BIN_EXE_nova"))
+        .args(["doctor", "--json", "--sync-writes", "10", "--data-dir"])
+        .arg(&data)
+        .envs([("NOVA_SHARDS", "3"), ("NOVA_HTTP_RESPONSE_MEMORY_BYTES", "1048576MiB")])
+        .output()
+        .expect("run nova");
+    let report: Value = serde_json::from_slice(&out.stdout).expect("json");
+    let memory = finding(&report, "memory");
+    assert_eq!(memory["details"]["http_response_memory_bytes"], 1u64 << 40, "{report}");
+    assert_eq!(memory["details"]["http_body_memory_bytes"], 2u64 << 30, "{report}");
+    assert_eq!(memory["status"], "warn", "{report}");
+    let advice = memory["recommendation"].as_str().expect("a recommendation");
+    assert!(advice.contains("--http-response-memory-bytes"), "{advice}");
     // A setting nova serve would refuse is a usage mistake here too, named.
     let bad = Command::new(env!("CARGO_BIN_EXE_nova"))
         .args(["doctor", "--data-dir"])
