@@ -1,6 +1,6 @@
-//! Appends over loopback HTTP to a real `nova serve` child process (1 KiB records,
-//! express streams), in JSON and in the binary framing (`application/x-nova-records`),
-//! next to raw loopback TCP measured in the same run.
+//! Appends (and reads back) over loopback HTTP to a real `nova serve` child process
+//! (1 KiB records, express streams), in JSON and in the binary framing
+//! (`application/x-nova-records`), next to raw loopback TCP measured in the same run.
 //!
 //! The reference is what loopback gives one TCP connection with nothing of nova or HTTP
 //! in the way: a sender thread writing 128 KiB buffers to a receiver thread that
@@ -18,6 +18,10 @@
 //! cost from the engine's. And the binary cases once more against a server with auth on
 //! (every request carrying a token), as a ratio to the same case with auth off: what
 //! checking tokens costs.
+//!
+//! After the binary one-stream case of 64-record batches, on its server, the stream is
+//! read back in binary pages by a few closed-loop readers: what a read costs, and how
+//! close to loopback a page goes (answers are written from the page's own buffer).
 //!
 //! Every case also reports the CPU it cost per GB of content, the server's and the
 //! client's apart (`/proc/<pid>/stat` around the measured time), next to what the
@@ -42,6 +46,11 @@ const RECORD_BYTES: usize = 1024;
 /// server waited on group commits with a fifth of the machine idle; 64 keep it busy.
 const CONNECTIONS: usize = 64;
 const BINARY_MEDIA_TYPE: &str = "application/x-nova-records";
+/// Reader connections of the read-back cases, each a closed loop of page reads.
+const READERS: usize = 4;
+/// Records (1 KiB each) per page of the read-back cases: 1 MiB and 16 MiB of content,
+/// the binary framing's largest page.
+const READ_PAGES: [u64; 2] = [1024, 16_384];
 /// The bucket every case's streams are in (express, created on append).
 const BUCKET: &str = "bench";
 /// The root token of the auth-on servers.
@@ -68,6 +77,16 @@ struct Case {
     format: Format,
     streams: usize,
     records: usize,
+}
+
+/// A read-back case: pages of `page_records` records, as many as the stream held.
+struct ReadOutcome {
+    page_records: u64,
+    pages_per_second: f64,
+    content_bytes_per_second: f64,
+    latency: Percentiles,
+    server_cpu_per_gb: f64,
+    client_cpu_per_gb: f64,
 }
 
 struct Outcome {
@@ -254,6 +273,19 @@ impl Connection {
         self.read_response()
     }
 
+    /// Sends a GET and reads its whole response; returns the status (the body is in
+    /// `self.body`).
+    fn get(&mut self, path: &str, accept: &str) -> io::Result<u16> {
+        self.request.clear();
+        write!(
+            self.request,
+            "GET {path} HTTP/1.1\r\nHost: bench\r\nAccept: {accept}\r\n{}\r\n",
+            self.headers
+        )?;
+        self.writer.write_all(&self.request)?;
+        self.read_response()
+    }
+
     fn read_response(&mut self) -> io::Result<u16> {
         let bad = |what: String| io::Error::new(io::ErrorKind::InvalidData, what);
         let mut line = String::new();
@@ -379,6 +411,94 @@ fn run_case(server: &Server, case: Case, durations: &Durations) -> Outcome {
         server_cpu_per_gb,
         client_cpu_per_gb,
         disk_per_content,
+    }
+}
+
+/// The records stream `key` holds: its tail's seq_num (CheckTail).
+fn records_in(server: &Server, key: &str) -> u64 {
+    let mut connection = Connection::open(server).expect("connect to nova");
+    let path = format!("/v1/streams/{BUCKET}/{key}/tail");
+    let status = connection.get(&path, "application/json").expect("check the tail");
+    let body = String::from_utf8_lossy(&connection.body);
+    assert_eq!(status, 200, "GET {path}: {body}");
+    let (_, after) = body.split_once("\"seq_num\":").expect("a tail with a seq_num");
+    let digits: String = after.chars().take_while(char::is_ascii_digit).collect();
+    digits.parse().expect("a seq_num")
+}
+
+/// The records of a binary read page that starts at `start`: up to its page end's
+/// `next_seq_num`. A page may end before its `count` (at most `--read-page-loads-max`
+/// chunks not in memory are loaded for one page), so what was read is counted.
+fn records_read(page: &[u8], start: u64) -> Option<u64> {
+    let mut at = 0;
+    while let Some((frame, used)) = engine::framing::decode_frame(&page[at..]).ok()? {
+        if let engine::framing::Frame::PageEnd { next_seq_num, .. } = frame {
+            return next_seq_num.checked_sub(start);
+        }
+        at += used;
+    }
+    None
+}
+
+/// Reads stream `key` back in binary pages of `page_records` records (fewer when it
+/// holds fewer): [`READERS`] closed loops, each from its own place, going round it.
+fn read_back(server: &Server, key: &str, page_records: u64, durations: &Durations) -> ReadOutcome {
+    use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+    let held = records_in(server, key);
+    let page_records = page_records.min(held).max(1);
+    let pages = (held / page_records).max(1);
+    // Records read in the measured time, by every reader (pages may end early).
+    let measuring = Arc::new(AtomicBool::new(false));
+    let records = Arc::new(AtomicU64::new(0));
+    let mut spent = Spent::of(Some(server.child.id()), &server.data_dir);
+    let run = harness::closed_loop(
+        READERS,
+        durations.warmup,
+        durations.measure,
+        |reader| {
+            let mut connection = Connection::open(server).expect("connect to nova");
+            let mut page = reader as u64 * pages / READERS as u64;
+            let key = key.to_owned();
+            let (measuring, records) = (Arc::clone(&measuring), Arc::clone(&records));
+            move || {
+                let start = page % pages * page_records;
+                page += 1;
+                let path = format!(
+                    "/v1/streams/{BUCKET}/{key}/records?seq_num={start}&count={page_records}"
+                );
+                match connection.get(&path, BINARY_MEDIA_TYPE).expect("read") {
+                    200 => {
+                        let read = records_read(&connection.body, start)
+                            .unwrap_or_else(|| panic!("{path}: a page without its page end"));
+                        if measuring.load(Ordering::Relaxed) {
+                            records.fetch_add(read, Ordering::Relaxed);
+                        }
+                        true
+                    }
+                    429 | 503 => {
+                        thread::sleep(Duration::from_millis(1));
+                        false
+                    }
+                    other => {
+                        panic!("read {path}: {other} {}", String::from_utf8_lossy(&connection.body))
+                    }
+                }
+            }
+        },
+        || {
+            measuring.store(true, Ordering::Relaxed);
+            spent.start();
+        },
+    );
+    let content = (records.load(Ordering::Relaxed) * RECORD_BYTES as u64) as f64;
+    let (server_cpu_per_gb, client_cpu_per_gb) = spent.per_gb(content);
+    ReadOutcome {
+        page_records,
+        pages_per_second: run.rate(1),
+        content_bytes_per_second: content / run.elapsed.as_secs_f64(),
+        latency: Percentiles::of(&run.latency),
+        server_cpu_per_gb,
+        client_cpu_per_gb,
     }
 }
 
@@ -523,12 +643,12 @@ fn server_binary() -> Result<PathBuf, String> {
 
 /// Runs `case` against a new server on `data_dir` with the bench's bucket, then stops the
 /// server and removes its data.
-fn on_a_fresh_server(
+fn on_a_fresh_server<T>(
     binary: &Path,
     data_dir: &Path,
     root_token: Option<&str>,
-    case: impl FnOnce(&Server) -> Outcome,
-) -> Result<Outcome, String> {
+    case: impl FnOnce(&Server) -> T,
+) -> Result<T, String> {
     let server = Server::start(binary, data_dir, root_token)?;
     create_bucket(&server, BUCKET)?;
     let outcome = case(&server);
@@ -603,13 +723,21 @@ pub fn run(quick: bool) -> Result<(), String> {
     // auth off, so that neither side gets the quieter minutes of a noisy machine.
     let mut outcomes = Vec::with_capacity(cases.len());
     let mut auth_cases = Vec::new();
+    let mut reads = Vec::new();
     for (i, &case) in cases.iter().enumerate() {
-        outcomes.push(on_a_fresh_server(
-            &binary,
-            &dir.join(format!("data-{i}")),
-            None,
-            |server| run_case(server, case, &durations),
-        )?);
+        // The binary one-stream case of 64-record batches is then read back.
+        let read_back_after =
+            case.format == Format::Binary && case.streams == 1 && case.records == 64;
+        let (outcome, read) =
+            on_a_fresh_server(&binary, &dir.join(format!("data-{i}")), None, |server| {
+                let outcome = run_case(server, case, &durations);
+                let key = format!("bin-{}-{}-0", case.streams, case.records);
+                let read = read_back_after
+                    .then(|| READ_PAGES.map(|page| read_back(server, &key, page, &durations)));
+                (outcome, read)
+            })?;
+        outcomes.push(outcome);
+        reads.extend(read.into_iter().flatten());
         if case.format == Format::Binary {
             let data_dir = dir.join(format!("data-{i}-auth"));
             let outcome =
@@ -760,6 +888,36 @@ pub fn run(quick: bool) -> Result<(), String> {
             outcome.latency.p99,
             outcome.server_cpu_per_gb,
             outcome.appends_per_second / off
+        );
+    }
+    println!("\n### Reads over loopback HTTP from `nova serve` (binary pages of 1 KiB records)\n");
+    println!(
+        "Right after the binary one-stream case of 64-record batches, on its server: \
+         {READERS} keep-alive connections, each a closed loop of reads of one page from its \
+         own place in the stream, going round it (a page may end before the records asked: \
+         at most `--read-page-loads-max` chunks not in memory are loaded for one); {:.1} s \
+         measured per case after {:.1} s \
+         of warm-up. Ratio: content bytes per second to the loopback reference above.\n",
+        durations.measure.as_secs_f64(),
+        durations.warmup.as_secs_f64(),
+    );
+    println!(
+        "| records per page asked | pages/s | MB/s content | ratio to loopback (content) | \
+         p50 µs | p99 µs | server CPU s/GB | client CPU s/GB | CPU bound MB/s |"
+    );
+    println!("|---:|---:|---:|---:|---:|---:|---:|---:|---:|");
+    for read in &reads {
+        println!(
+            "| {} | {:.0} | {:.1} | {:.3} | {} | {} | {:.2} | {:.2} | {:.0} |",
+            read.page_records,
+            read.pages_per_second,
+            read.content_bytes_per_second / 1e6,
+            read.content_bytes_per_second / loopback,
+            read.latency.p50,
+            read.latency.p99,
+            read.server_cpu_per_gb,
+            read.client_cpu_per_gb,
+            cores as f64 / (read.server_cpu_per_gb + read.client_cpu_per_gb) * 1e3,
         );
     }
     let _ = std::fs::remove_dir_all(&dir);
