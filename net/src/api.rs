@@ -33,7 +33,7 @@ use crate::auth::{Auth, Caller, CallerCache};
 use crate::body::Body;
 use crate::error::{ApiError, position};
 use crate::metrics::Metrics;
-use crate::response_memory::{CUTS_MAX, ResponseMemory};
+use crate::response_memory::{Refit, ResponseMemory};
 use crate::wire::{self, Encoding};
 
 /// The binary framing's media type.
@@ -1141,19 +1141,19 @@ async fn read(
         // others took the room while it was read): read again from where it began, cut
         // to fit, without waiting; refused only when one record is more than is free,
         // too little is free to cut to, or cuts did not make it fit.
-        let cut = shared.responses.cut_to_fit(records, content, bytes).filter(|_| cuts < CUTS_MAX);
-        let Some(cut) = cut else {
+        let Refit::Cut(cut) = shared.responses.refit(records, content, bytes, cuts) else {
             return Err(shared.responses.refusal(bytes));
         };
         cuts += 1;
+        let limits = PageLimits {
+            records: read.limits.records.min(cut.records),
+            bytes: read.limits.bytes.min(cut.bytes),
+            ..read.limits
+        };
         read = ReadRequest {
             start: ReadStart::SeqNum(first_seq_num),
             clamp: false,
-            limits: PageLimits {
-                records: read.limits.records.min(cut.records),
-                bytes: read.limits.bytes.min(cut.bytes),
-                until: read.limits.until,
-            },
+            limits,
             wait: None,
         };
     };

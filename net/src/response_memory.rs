@@ -5,7 +5,7 @@
 //!
 //! A page is read cut to what is free, counted in content bytes; encoded it is larger,
 //! so one that does not fit once encoded is read again from the same start, cut in
-//! proportion to what is free ([`ResponseMemory::cut_to_fit`]), never held outside the
+//! proportion to what is free ([`ResponseMemory::refit`]), never held outside the
 //! bound. A read that cannot be cut to fit (one record, under [`PAGE_BYTES_MIN`] free,
 //! or [`CUTS_MAX`] cuts that did not) is refused (`resource_exhausted`, Retry-After):
 //! it never waits while something of the budget could be its own. A subscription waits
@@ -29,15 +29,28 @@ use crate::metrics::Metrics;
 /// smallest page the budget cuts one to.)
 pub const PAGE_BYTES_MIN: u64 = 64 << 10;
 
-/// Times a page is cut and read again before what is left is refused (a read) or waited
-/// for whole (a subscription): a cut scales to what is free, so one nearly always does.
-pub const CUTS_MAX: u32 = 3;
+/// Times a page is cut and read again before it is refused (a read) or waited for whole
+/// (a subscription): a cut scales to what is free, so one nearly always does.
+const CUTS_MAX: u32 = 3;
 
 /// What a page read again is cut to: at most this many records and content bytes.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct Cut {
     pub records: u64,
     pub bytes: u64,
+}
+
+/// What becomes of a page that did not fit once encoded ([`ResponseMemory::refit`]).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Refit {
+    /// Read it again from its start, cut to this.
+    Cut(Cut),
+    /// Too little is free to cut it to: a read is refused, a subscription waits until
+    /// [`PAGE_BYTES_MIN`] is free and reads a page cut to what is free then.
+    Floor,
+    /// It cannot be cut (one record, or cut [`CUTS_MAX`] times already): a read is
+    /// refused, a subscription waits until it fits whole.
+    Whole,
 }
 
 pub struct ResponseMemory {
@@ -83,22 +96,24 @@ impl ResponseMemory {
         }
     }
 
-    /// After a page of `records` records and `content` content bytes came to `encoded`
-    /// bytes and did not fit: the cut a page read again from the same start takes to fit
-    /// what is free now, its records and its content both scaled to nine tenths of what
-    /// is free over what it came to (so records of very different sizes shrink it too,
-    /// and its encoding's fixed part rarely takes it past). None when it cannot be cut to
-    /// fit: it is one record, or less than [`PAGE_BYTES_MIN`] is free.
-    pub fn cut_to_fit(&self, records: u64, content: u64, encoded: u64) -> Option<Cut> {
+    /// A page of `records` records and `content` content bytes came to `encoded` bytes
+    /// and did not fit, after `cuts` cuts: how it is read again. A cut scales its records
+    /// and its content both to nine tenths of what is free over what it came to (so
+    /// records of very different sizes shrink it too, and its encoding's fixed part
+    /// rarely takes it past), and always leaves out at least one record.
+    pub fn refit(&self, records: u64, content: u64, encoded: u64, cuts: u32) -> Refit {
         let free = self.available();
-        if records <= 1 || free < PAGE_BYTES_MIN || free >= encoded {
-            return None;
+        if records <= 1 || cuts >= CUTS_MAX {
+            return Refit::Whole;
+        }
+        if free < PAGE_BYTES_MIN {
+            return Refit::Floor;
         }
         let scale = |n: u64| {
             let scaled = u128::from(n) * u128::from(free) * 9 / (10 * u128::from(encoded));
             u64::try_from(scaled).unwrap_or(n).max(1)
         };
-        Some(Cut { records: scale(records), bytes: scale(content) })
+        Refit::Cut(Cut { records: scale(records).min(records - 1), bytes: scale(content) })
     }
 
     /// Resolves once `bytes` would fit (or nothing is held). Nothing is reserved: a
@@ -204,17 +219,18 @@ mod tests {
         let most = memory.try_hold(768 << 10).unwrap();
         // 256 KiB free: a page of 100 records, 480 KiB of content, that came to 512 KiB
         // is read again as 45 records and 216 KiB (nine tenths of half).
-        let cut = memory.cut_to_fit(100, 480 << 10, 512 << 10);
-        assert_eq!(cut, Some(Cut { records: 45, bytes: 216 << 10 }));
+        let cut = memory.refit(100, 480 << 10, 512 << 10, 0);
+        assert_eq!(cut, Refit::Cut(Cut { records: 45, bytes: 216 << 10 }));
         // Always fewer records, never none.
-        assert_eq!(memory.cut_to_fit(2, 300 << 10, (256 << 10) + 1).unwrap().records, 1);
-        assert_eq!(memory.cut_to_fit(3, 3, 100 << 20), Some(Cut { records: 1, bytes: 1 }));
-        // One record cannot be cut; a page that fits needs no cut.
-        assert_eq!(memory.cut_to_fit(1, 500 << 10, 512 << 10), None);
-        assert_eq!(memory.cut_to_fit(100, 200 << 10, 256 << 10), None);
+        let cut = memory.refit(2, 300 << 10, 256 << 10, 0);
+        assert_eq!(cut, Refit::Cut(Cut { records: 1, bytes: 270 << 10 }));
+        assert_eq!(memory.refit(3, 3, 100 << 20, 0), Refit::Cut(Cut { records: 1, bytes: 1 }));
+        // One record cannot be cut, nor a page cut as often as cuts go.
+        assert_eq!(memory.refit(1, 500 << 10, 512 << 10, 0), Refit::Whole);
+        assert_eq!(memory.refit(100, 480 << 10, 512 << 10, 3), Refit::Whole);
         // Under the floor nothing is cut to.
         let more = memory.try_hold(200 << 10).unwrap();
-        assert_eq!(memory.cut_to_fit(100, 480 << 10, 512 << 10), None);
+        assert_eq!(memory.refit(100, 480 << 10, 512 << 10, 0), Refit::Floor);
         drop((most, more));
     }
 

@@ -47,7 +47,7 @@ use crate::api::{self, Shared};
 use crate::auth::Caller;
 use crate::body::{Body, Chunk};
 use crate::error::{ApiError, position};
-use crate::response_memory::{CUTS_MAX, Cut, PAGE_BYTES_MIN};
+use crate::response_memory::{Cut, PAGE_BYTES_MIN, Refit};
 use crate::wire::{self, Encoding};
 
 /// When an idle subscription's heartbeat is due: somewhat before `--sse-heartbeat-ms`
@@ -342,16 +342,16 @@ impl Subscription {
                     None => {
                         let bytes = records.len() as u64;
                         resume = first_seq_num;
-                        let responses = &self.shared.responses;
-                        cut = responses
-                            .cut_to_fit(page_records, content, bytes)
-                            .filter(|_| cuts < CUTS_MAX);
-                        cuts += 1;
-                        if cut.is_none() && (page_records == 1 || cuts > CUTS_MAX) {
-                            // Slack for a tail of more digits in the page's JSON.
-                            room = bytes + 64;
-                            cut = Some(Cut { records: page_records, bytes: content });
+                        match self.shared.responses.refit(page_records, content, bytes, cuts) {
+                            Refit::Cut(fit) => cut = Some(fit),
+                            Refit::Floor => {}
+                            Refit::Whole => {
+                                // Slack for a tail of more digits in the page's JSON.
+                                room = bytes + 64;
+                                cut = Some(Cut { records: page_records, bytes: content });
+                            }
                         }
+                        cuts += 1;
                     }
                 }
             }
