@@ -6,6 +6,7 @@ mod common;
 
 use common::{Nova, Store};
 use engine::options::StorageClass;
+use net::api::RECORDS_MEDIA_TYPE;
 use net::client::{
     Address, Batch, Bucket, Client, Conditions, Error, Format, ReadOptions, Start, StreamOptions,
     SubscriptionEvent,
@@ -357,15 +358,8 @@ fn a_read_refused_with_retry_after_is_sent_again_after_it() {
     let small = Address::new("full", "small");
     client.append(&small, &batch(&["a", "b"]), &Conditions::default()).expect("append");
     // A reader that takes nothing of a page as large as the whole budget holds it all.
-    let address = nova.url.trim_start_matches("http://").parse().expect("an address");
-    let stalled = common::stalled_read(address, "/v1/streams/full/big/records?count=256");
-    let held = || nova.metric("nova_http_response_bytes_held");
-    let refused = || nova.metric(r#"nova_http_requests_total{route="read",status="429"}"#);
-    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(30);
-    while held() < 16 << 20 {
-        assert!(std::time::Instant::now() < deadline, "the page is not held: {}", held());
-        std::thread::sleep(std::time::Duration::from_millis(10));
-    }
+    let big = "/v1/streams/full/big/records?count=256";
+    let stalled = nova.stalled_get(big, RECORDS_MEDIA_TYPE, 16 << 20);
     let once = Client::new(&nova.url).expect("url").with_attempts(1);
     match once.read(&small, &ReadOptions::default()) {
         Err(Error::Api(error)) => {
@@ -376,12 +370,12 @@ fn a_read_refused_with_retry_after_is_sent_again_after_it() {
     }
     // Once the next read has been refused too, the reader goes away and its page with it;
     // the read, sent again after Retry-After, gets its records.
+    let refused = |route: &str| {
+        nova.metric(&format!(r#"nova_http_requests_total{{route="{route}",status="429"}}"#))
+    };
     std::thread::scope(|scope| {
         scope.spawn(move || {
-            while refused() < 2 {
-                assert!(std::time::Instant::now() < deadline, "the read was not refused");
-                std::thread::sleep(std::time::Duration::from_millis(10));
-            }
+            common::wait_until("a second read refused", || refused("read") >= 2);
             drop(stalled);
         });
         let started = std::time::Instant::now();
@@ -390,18 +384,10 @@ fn a_read_refused_with_retry_after_is_sent_again_after_it() {
         assert_eq!(bodies(&page.records), ["a", "b"]);
     });
     // A subscription is opened the same way.
-    let stalled = common::stalled_read(address, "/v1/streams/full/big/records?count=256");
-    while held() < 16 << 20 {
-        assert!(std::time::Instant::now() < deadline, "the page is not held: {}", held());
-        std::thread::sleep(std::time::Duration::from_millis(10));
-    }
-    let refused = || nova.metric(r#"nova_http_requests_total{route="subscribe",status="429"}"#);
+    let stalled = nova.stalled_get(big, RECORDS_MEDIA_TYPE, 16 << 20);
     std::thread::scope(|scope| {
         scope.spawn(move || {
-            while refused() < 1 {
-                assert!(std::time::Instant::now() < deadline, "the subscription was not refused");
-                std::thread::sleep(std::time::Duration::from_millis(10));
-            }
+            common::wait_until("a subscription refused", || refused("subscribe") >= 1);
             drop(stalled);
         });
         let mut subscription =

@@ -28,15 +28,27 @@ const CHECKS: [&str; 12] = [
 ];
 
 fn doctor(args: &[&str]) -> Output {
-    Command::new(env!("CARGO_BIN_EXE_nova")).arg("doctor").args(args).output().expect("run nova")
+    doctor_in(&[], args)
+}
+
+/// Runs `nova doctor` with `env` set (knobs from their environment variables).
+fn doctor_in(env: &[(&str, &str)], args: &[&str]) -> Output {
+    let mut command = Command::new(env!("CARGO_BIN_EXE_nova"));
+    command.arg("doctor").args(args).envs(env.iter().copied());
+    command.output().expect("run nova")
 }
 
 /// Runs `nova doctor --json` on `data_dir`; the exit code and the report.
 fn doctor_json(data_dir: &Path, extra: &[&str]) -> (i32, Value) {
+    doctor_json_in(&[], data_dir, extra)
+}
+
+/// [`doctor_json`] with `env` set.
+fn doctor_json_in(env: &[(&str, &str)], data_dir: &Path, extra: &[&str]) -> (i32, Value) {
     let dir = data_dir.to_str().expect("utf-8 path");
     let mut args = vec!["--json", "--data-dir", dir, "--sync-writes", "20"];
     args.extend_from_slice(extra);
-    let out = doctor(&args);
+    let out = doctor_in(env, &args);
     let report: Value = serde_json::from_slice(&out.stdout).unwrap_or_else(|e| {
         panic!(
             "not json ({e}): {}\nstderr: {}",
@@ -135,26 +147,16 @@ fn an_unusable_data_dir_fails() {
 fn the_checks_use_the_engine_knobs_nova_serve_would_use() {
     let dir = tempfile::tempdir_in(env!("CARGO_TARGET_TMPDIR")).expect("tempdir");
     let data = dir.path().join("data");
-    let out = Command::new(env!("CARGO_BIN_EXE_nova"))
-        .args(["doctor", "--json", "--sync-writes", "20", "--data-dir"])
-        .arg(&data)
-        .envs([("NOVA_SHARDS", "3"), ("NOVA_JOURNAL_SPARE_SEGMENTS", "0")])
-        .output()
-        .expect("run nova");
-    let report: Value = serde_json::from_slice(&out.stdout).expect("json");
+    let (_, report) =
+        doctor_json_in(&[("NOVA_SHARDS", "3"), ("NOVA_JOURNAL_SPARE_SEGMENTS", "0")], &data, &[]);
     assert_eq!(finding(&report, "cores")["details"]["shards"], 3, "{report}");
     // Three shards' journals of two 256 MiB segments each (no spares).
     assert_eq!(finding(&report, "disk_space")["details"]["journal_bytes"], 3 * 2 * (256u64 << 20));
     assert_eq!(finding(&report, "memory")["details"]["shards"], 3, "{report}");
     // The HTTP servers' bounds count too: past what is available beside the caches, a
     // warning names the knobs to lower.
-    let out = Command::new(env!("CARGO_BIN_EXE_nova"))
-        .args(["doctor", "--json", "--sync-writes", "10", "--data-dir"])
-        .arg(&data)
-        .envs([("NOVA_SHARDS", "3"), ("NOVA_HTTP_RESPONSE_MEMORY_BYTES", "1048576MiB")])
-        .output()
-        .expect("run nova");
-    let report: Value = serde_json::from_slice(&out.stdout).expect("json");
+    let huge = [("NOVA_SHARDS", "3"), ("NOVA_HTTP_RESPONSE_MEMORY_BYTES", "1048576MiB")];
+    let (_, report) = doctor_json_in(&huge, &data, &[]);
     let memory = finding(&report, "memory");
     assert_eq!(memory["details"]["http_response_memory_bytes"], 1u64 << 40, "{report}");
     assert_eq!(memory["details"]["http_body_memory_bytes"], 2u64 << 30, "{report}");
@@ -162,12 +164,8 @@ fn the_checks_use_the_engine_knobs_nova_serve_would_use() {
     let advice = memory["recommendation"].as_str().expect("a recommendation");
     assert!(advice.contains("--http-response-memory-bytes"), "{advice}");
     // A setting nova serve would refuse is a usage mistake here too, named.
-    let bad = Command::new(env!("CARGO_BIN_EXE_nova"))
-        .args(["doctor", "--data-dir"])
-        .arg(&data)
-        .env("NOVA_SHARDS", "many")
-        .output()
-        .expect("run nova");
+    let data = data.to_str().expect("utf-8 path");
+    let bad = doctor_in(&[("NOVA_SHARDS", "many")], &["--data-dir", data]);
     assert_eq!(bad.status.code(), Some(2));
     assert!(String::from_utf8_lossy(&bad.stderr).contains("--shards"), "{bad:?}");
 }

@@ -9,6 +9,7 @@ use std::io::BufRead;
 use std::time::{Duration, Instant};
 
 use common::{Nova, Store, have_curl, shell};
+use net::api::RECORDS_MEDIA_TYPE;
 use net::client::{self, next_event};
 use serde_json::{Value, json};
 
@@ -1438,31 +1439,19 @@ fn request_bodies_a_shard_holds_are_bounded() {
 /// dropped: a channel's items outlive its receivers until taken out).
 #[test]
 fn a_subscriber_gone_gives_its_queued_pages_back_at_once() {
-    use std::io::Write as _;
     let dir = tempdir();
     let nova = Nova::start_with(&dir.path().join("data"), &["--shards", "1"], &[]);
-    let held = || nova.metric("nova_http_response_bytes_held");
     nova.ok("POST", "/v1/buckets/gone", Some(r#"{"create_stream_on_append":true}"#), 201);
     // Five pages of 4 MiB: one in hyper's hands, four queued; then the subscription
     // waits for new records, for the default heartbeat's 15 s.
     common::append_large(&nova, "gone/s", 5);
-    let address = nova.url.trim_start_matches("http://").parse().expect("an address");
-    let mut subscriber = common::connect_with_small_window(address);
-    subscriber
-        .write_all(
-            b"GET /v1/streams/gone/s/records?seq_num=0 HTTP/1.1\r\nhost: nova\r\n\
-              accept: application/x-nova-records; subscribe=true\r\n\r\n",
-        )
-        .expect("subscribe");
-    let deadline = Instant::now() + Duration::from_secs(30);
-    while held() < 20 << 20 {
-        assert!(Instant::now() < deadline, "the pages are not all held: {}", held());
-        std::thread::sleep(Duration::from_millis(10));
-    }
+    let subscribe = "application/x-nova-records; subscribe=true";
+    let subscriber = nova.stalled_get("/v1/streams/gone/s/records?seq_num=0", subscribe, 20 << 20);
     drop(subscriber);
     let gone = Instant::now();
-    while held() > 0 {
-        assert!(gone.elapsed() < Duration::from_secs(5), "{} bytes still held", held());
+    while nova.response_bytes_held() > 0 {
+        let held = nova.response_bytes_held();
+        assert!(gone.elapsed() < Duration::from_secs(5), "{held} bytes still held");
         std::thread::sleep(Duration::from_millis(10));
     }
 }
@@ -1513,20 +1502,19 @@ fn kept_alive_connections_do_not_keep_the_pages_they_answered() {
     let nova = Nova::start(&dir.path().join("data"));
     nova.ok("POST", "/v1/buckets/big", Some(r#"{"create_stream_on_append":true}"#), 201);
     common::append_large(&nova, "big/s", 5);
-    let address = nova.url.trim_start_matches("http://").to_owned();
+    let address = &nova.server.authority;
     let page = "/v1/streams/big/s/records?seq_num=0&count=256";
-    let media = "application/x-nova-records";
     // Once, so the page's chunks are in memory before the measure.
-    let mut first = std::net::TcpStream::connect(&address).expect("connect");
-    let (status, body) = get_on(&mut first, page, media);
+    let mut first = std::net::TcpStream::connect(address).expect("connect");
+    let (status, body) = get_on(&mut first, page, RECORDS_MEDIA_TYPE);
     assert_eq!(status, 200);
     assert!(body.len() > 15 << 20, "a page of 256 records of 64 KiB: {} bytes", body.len());
     let before = resident_bytes(nova.pid());
     let connections = 12;
     let _kept: Vec<std::net::TcpStream> = (0..connections)
         .map(|_| {
-            let mut stream = std::net::TcpStream::connect(&address).expect("connect");
-            assert_eq!(get_on(&mut stream, page, media).0, 200);
+            let mut stream = std::net::TcpStream::connect(address).expect("connect");
+            assert_eq!(get_on(&mut stream, page, RECORDS_MEDIA_TYPE).0, 200);
             stream
         })
         .collect();
@@ -1548,7 +1536,7 @@ fn response_pages_a_shard_holds_are_bounded() {
     let flags =
         ["--shards", "1", "--http-response-memory-bytes", "16MiB", "--sse-heartbeat-ms", "200"];
     let nova = Nova::start_with(&dir.path().join("data"), &flags, &[]);
-    let held = || nova.metric("nova_http_response_bytes_held");
+    let held = || nova.response_bytes_held();
     nova.ok("POST", "/v1/buckets/big", Some(r#"{"create_stream_on_append":true}"#), 201);
     common::append_large(&nova, "big/s", 5);
     nova.ok("POST", "/v1/buckets/sub", Some(r#"{"create_stream_on_append":true}"#), 201);
@@ -1562,21 +1550,14 @@ fn response_pages_a_shard_holds_are_bounded() {
     for _ in 0..4 {
         append_bodies(&nova, "small", &[kib.as_str(); 250]);
     }
-    let address: std::net::SocketAddr =
-        nova.url.trim_start_matches("http://").parse().expect("an address");
-    let deadline = Instant::now() + Duration::from_secs(30);
-    let await_held = |at_least: u64| {
-        while held() < at_least {
-            assert!(Instant::now() < deadline, "{} bytes held, not {at_least}", held());
-            std::thread::sleep(Duration::from_millis(10));
-        }
-    };
+    nova.ok("POST", "/v1/buckets/one", Some(r#"{"create_stream_on_append":true}"#), 201);
+    let half_mib = "h".repeat(512 << 10);
+    append_bodies(&nova, "one", &[half_mib.as_str()]);
 
     // A reader asks for 252 records of 64 KiB and takes none of them: the page stays
     // held for as long as its client leaves it, and about 250 KiB stay free.
-    let mut stalled =
-        common::stalled_read(address, "/v1/streams/big/s/records?seq_num=0&count=252");
-    await_held(252 << 16);
+    let big = |count: u64| format!("/v1/streams/big/s/records?seq_num=0&count={count}");
+    let mut stalled = nova.stalled_get(&big(252), RECORDS_MEDIA_TYPE, 252 << 16);
     let free = (16 << 20) - held();
     assert!((64 << 10..256 << 10).contains(&free), "{free} bytes free");
     // A read of 1 MiB of 1 KiB records is cut to what is free, in both formats: a
@@ -1621,13 +1602,26 @@ fn response_pages_a_shard_holds_are_bounded() {
         }
     }
     assert_eq!(seq_nums, (0..1000).collect::<Vec<u64>>());
+    // A record alone larger than what is free cannot be cut: a read of it is refused,
+    // and a subscription to it waits for room (with heartbeats) until the page fits.
+    let refused = nova.call("GET", "/v1/streams/one/s/records?seq_num=0", None);
+    assert_eq!(refused.status, 429, "{}", refused.text());
+    assert!(refused.text().contains("--http-response-memory-bytes"), "{}", refused.text());
+    let mut one = subscribe(&nova, "one", "seq_num=0", &[]);
+    let next = event(&mut one);
+    assert_eq!(next.event, "ping", "a page that does not fit is not sent: {next:?}");
     assert_eq!(read_answer(&mut stalled).0, 200);
+    let next = loop {
+        let next = event(&mut one);
+        if next.event != "ping" {
+            break next;
+        }
+    };
+    assert_eq!(bodies(&serde_json::from_str(&next.data).unwrap()), [half_mib.as_str()]);
 
     // A reader asks for 256 records and takes none: as large as the whole budget, the
     // page is held alone.
-    let mut stalled =
-        common::stalled_read(address, "/v1/streams/big/s/records?seq_num=0&count=256");
-    await_held(16 << 20);
+    let mut stalled = nova.stalled_get(&big(256), RECORDS_MEDIA_TYPE, 16 << 20);
     // Another read finds no room: refused, naming the limit, with Retry-After.
     let refused = nova.call("GET", "/v1/streams/sub/s/records?seq_num=0", None);
     assert_eq!(refused.status, 429, "{}", refused.text());
@@ -2305,9 +2299,8 @@ fn a_stalled_subscription(nova: &Nova, bucket: &str, body: &str) -> client::Stre
     for _ in 0..16 {
         nova.ok("POST", &format!("/v1/streams/{bucket}/s/records"), Some(&batch), 200);
     }
-    let address = nova.url.trim_start_matches("http://").parse().expect("an address");
     let stream = client::open_on(
-        common::connect_with_small_window(address),
+        nova.connect_with_small_window(),
         &nova.server,
         "GET",
         &format!("/v1/streams/{bucket}/s/records?seq_num=0"),

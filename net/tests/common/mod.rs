@@ -90,6 +90,18 @@ pub fn s3_flags(endpoint: &str) -> Vec<String> {
     .into()
 }
 
+/// How long a test waits for a condition before it fails.
+pub const WAIT_MAX: Duration = Duration::from_secs(60);
+
+/// Waits until `condition` holds, polling; fails the test after [`WAIT_MAX`].
+pub fn wait_until(what: &str, mut condition: impl FnMut() -> bool) {
+    let deadline = std::time::Instant::now() + WAIT_MAX;
+    while !condition() {
+        assert!(std::time::Instant::now() < deadline, "{what}: not within {WAIT_MAX:?}");
+        std::thread::sleep(Duration::from_millis(10));
+    }
+}
+
 /// The flags and environment every shared test server runs with: small bodies (the body
 /// limit test) and quick heartbeats (the subscription tests).
 pub const SHARED_FLAGS: [&str; 4] =
@@ -196,6 +208,37 @@ impl Nova {
     ) -> Response {
         client::request(&self.server, method, path, headers, body)
             .unwrap_or_else(|e| panic!("{method} {path}: {e}"))
+    }
+
+    /// A connection to the server whose receive buffer is small (64 KiB), for a client
+    /// that stops reading: what the server could not send stays in the server, whatever
+    /// the host's TCP buffer sizes.
+    pub fn connect_with_small_window(&self) -> std::net::TcpStream {
+        let address: std::net::SocketAddr = self.server.authority.parse().expect("an address");
+        let socket = socket2::Socket::new(socket2::Domain::IPV4, socket2::Type::STREAM, None)
+            .expect("a socket");
+        socket.set_recv_buffer_size(64 << 10).expect("a small receive buffer");
+        socket.connect(&address.into()).expect("connect");
+        socket.into()
+    }
+
+    /// Sends `GET path` (accepting `accept`) from a client that takes no byte of its
+    /// answer, on a [`Nova::connect_with_small_window`] connection, and returns it once
+    /// the server holds at least `held` bytes of responses.
+    pub fn stalled_get(&self, path: &str, accept: &str, held: u64) -> std::net::TcpStream {
+        use std::io::Write as _;
+        let mut stream = self.connect_with_small_window();
+        let request = format!("GET {path} HTTP/1.1\r\nhost: nova\r\naccept: {accept}\r\n\r\n");
+        stream.write_all(request.as_bytes()).expect("send the request");
+        wait_until(&format!("{held} bytes of responses held"), || {
+            self.response_bytes_held() >= held
+        });
+        stream
+    }
+
+    /// Response bytes the server holds, every shard's (`--http-response-memory-bytes`).
+    pub fn response_bytes_held(&self) -> u64 {
+        self.metric("nova_http_response_bytes_held")
     }
 
     /// The sum of the `/metrics` series named `name` over every label set (each shard's).
@@ -314,26 +357,4 @@ pub fn append_large(nova: &Nova, stream: &str, batches: usize) {
             nova.call_with("POST", &format!("/v1/streams/{stream}/records"), &media, Some(&framed));
         assert_eq!(ack.status, 200, "{}", ack.text());
     }
-}
-
-/// A connection to `address` whose receive buffer is small (64 KiB), for a client that
-/// stops reading: what the server could not send stays in the server, whatever the
-/// host's TCP buffer sizes.
-pub fn connect_with_small_window(address: std::net::SocketAddr) -> std::net::TcpStream {
-    let socket =
-        socket2::Socket::new(socket2::Domain::IPV4, socket2::Type::STREAM, None).expect("a socket");
-    socket.set_recv_buffer_size(64 << 10).expect("a small receive buffer");
-    socket.connect(&address.into()).expect("connect");
-    socket.into()
-}
-
-/// Sends a binary read of `path` from a client that takes no byte of its answer, on a
-/// [`connect_with_small_window`] connection.
-pub fn stalled_read(address: std::net::SocketAddr, path: &str) -> std::net::TcpStream {
-    use std::io::Write as _;
-    let mut stream = connect_with_small_window(address);
-    let request =
-        format!("GET {path} HTTP/1.1\r\nhost: nova\r\naccept: application/x-nova-records\r\n\r\n");
-    stream.write_all(request.as_bytes()).expect("send a read");
-    stream
 }
