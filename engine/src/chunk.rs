@@ -636,7 +636,30 @@ impl<B: ChunkStorage> ChunkBuilder<B> {
 
     /// Whether `records` more records of `bytes` stored bytes fit.
     pub fn fits(&self, records: usize, bytes: usize) -> bool {
-        Self::capacity_for(self.len() + records, self.data_len + bytes) <= self.buf.storage().len()
+        self.capacity_with(records, bytes) <= self.capacity()
+    }
+
+    /// The buffer capacity this chunk needs with `records` more records of `bytes`
+    /// stored bytes.
+    pub fn capacity_with(&self, records: usize, bytes: usize) -> usize {
+        Self::capacity_for(self.len() + records, self.data_len + bytes)
+    }
+
+    /// The buffer's capacity.
+    pub fn capacity(&self) -> usize {
+        self.buf.storage().len()
+    }
+
+    /// Moves the records in so far into `larger`, a fresh buffer, and builds on there: a
+    /// chunk that starts small and grows costs what it holds, not what it may come to.
+    ///
+    /// # Panics
+    /// If `larger` is not larger than the buffer it replaces.
+    pub fn grow_into(&mut self, mut larger: B) {
+        assert!(larger.storage().len() > self.capacity(), "a chunk buffer only grows");
+        let data = ENVELOPE_LEN + HEADER_LEN..ENVELOPE_LEN + HEADER_LEN + self.data_len;
+        larger.storage_mut()[data.clone()].copy_from_slice(&self.buf.storage()[data]);
+        self.buf = larger;
     }
 
     /// Appends one batch: `lengths` holds each record's stored length (little-endian
@@ -794,6 +817,25 @@ mod tests {
         let mut pieces = ChunkBuilder::new(ID, 0, 4096);
         pieces.push_batch(&lengths, Pieces::new(&data[..3], &rest), 5).expect("fits");
         assert_eq!(pieces.seal().bytes(), whole.seal().bytes());
+    }
+
+    #[test]
+    fn a_chunk_grown_through_buffers_seals_the_same_as_one_built_large() {
+        let record = [0x00; 1500];
+        let mut large = ChunkBuilder::new(ID, 3, 64 << 10);
+        let mut grown = ChunkBuilder::new(ID, 3, 4096);
+        for i in 0..20u8 {
+            let (lengths, data) = batch(&[&record[..100 + usize::from(i)], b"x"]);
+            large.push_batch(&lengths, data[..].into(), u64::from(i)).expect("fits");
+            if !grown.fits(2, data.len()) {
+                let needed = grown.capacity_with(2, data.len());
+                grown.grow_into(AlignedBuf::with_capacity(needed.max(2 * grown.capacity())));
+            }
+            grown.push_batch(&lengths, data[..].into(), u64::from(i)).expect("grown to fit");
+        }
+        assert!(grown.capacity() < large.capacity(), "it grew only as far as it needed");
+        assert_eq!(grown.records().len(), 40, "records are served while it grows");
+        assert_eq!(grown.seal().bytes(), large.seal().bytes());
     }
 
     /// Recomputes every CRC from the header's fields so a test reaches the check behind

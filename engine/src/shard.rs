@@ -55,7 +55,8 @@ use crate::notify::Notify;
 use crate::options::{StorageClass, StreamOptionsPatch};
 use crate::position::{Position, Tail};
 use crate::stream::{
-    AppendInput, ChunkSource, DurableChunk, Leader, LeaderInit, PageLimits, ReadStart, Step,
+    AppendInput, ChunkSizes, ChunkSource, DurableChunk, Leader, LeaderInit, PageLimits, ReadStart,
+    Step,
 };
 use crate::timestamp::Offered;
 use crate::transit;
@@ -760,15 +761,21 @@ impl Shard {
             }
             let (held, budget) = (&self.held, self.config.memory_budget_bytes);
             let journal = &self.journal;
-            let target = match class {
-                StorageClass::Express => self.config.express_chunk_bytes,
-                StorageClass::Standard => leader.options().batch_max_bytes as usize,
-            }
-            .min(usize::try_from(entry_max).unwrap_or(usize::MAX));
+            let entry_max = usize::try_from(entry_max).unwrap_or(usize::MAX);
+            let sizes = match class {
+                StorageClass::Express => {
+                    let target = self.config.express_chunk_bytes.min(entry_max);
+                    ChunkSizes { start: target, max: target }
+                }
+                StorageClass::Standard => ChunkSizes {
+                    start: 0,
+                    max: (leader.options().batch_max_bytes as usize).min(entry_max),
+                },
+            };
             leader.append(
                 &input,
                 self.now_ms(),
-                target,
+                sizes,
                 &mut |bytes| {
                     if held.get() + bytes > budget {
                         return Err(Error::MemoryBudgetExhausted {

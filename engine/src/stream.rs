@@ -60,11 +60,56 @@ unsafe impl<B: ChunkStorage> ChunkSource for SealedChunk<B> {
     }
 }
 
+/// A durable chunk copied into memory of its own size: what the cache keeps of a chunk
+/// that fills less than half of the buffer it was built in (a small batch in a fresh
+/// buffer), so that a cached chunk costs about the bytes the memory budget counts.
+pub struct KeptChunk {
+    bytes: Box<[u8]>,
+    header: ChunkHeader,
+}
+
+impl KeptChunk {
+    /// Whether a chunk of `chunk_len` bytes in a buffer of `footprint` bytes is better
+    /// kept as a copy.
+    pub fn is_sparse(chunk_len: usize, footprint: usize) -> bool {
+        chunk_len * 2 < footprint
+    }
+
+    /// A copy of a chunk this process wrote or verified (`header` is its header).
+    pub fn copy_of(chunk: &[u8], header: ChunkHeader) -> Self {
+        debug_assert_eq!(chunk.len() as u64, header.chunk_len());
+        Self { bytes: chunk.into(), header }
+    }
+}
+
+// SAFETY: a kept chunk's bytes are a boxed slice it owns and never changes.
+unsafe impl ChunkSource for KeptChunk {
+    fn records(&self) -> Records<'_> {
+        crate::chunk::verified_records(&self.bytes, &self.header)
+    }
+
+    fn chunk_bytes(&self) -> &[u8] {
+        &self.bytes
+    }
+}
+
 /// Where a durable chunk's bytes are: in memory, or only in storage at location `L`.
 #[derive(Clone)]
 pub enum ChunkBytes<L> {
     Memory(Rc<dyn ChunkSource>),
     Stored(L),
+}
+
+/// The buffer sizes a stream's open chunk is built in: `start` bytes at first (or what
+/// its first batch needs), doubled as batches need room, up to `max`; a batch that would
+/// take it past `max` goes to the next chunk. Express chunks start at their target, so
+/// the hot path never copies a chunk to grow it; standard chunks start at what their
+/// first batch needs, so a stream of small appends does not hold `batch_max_bytes` per
+/// chunk.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct ChunkSizes {
+    pub start: usize,
+    pub max: usize,
 }
 
 /// A durable chunk of the stream.
@@ -307,12 +352,13 @@ impl<B: ChunkStorage, L: Clone> Leader<B, L> {
 
     /// Sequences one batch: checks it, stamps it, and copies its records into the open
     /// chunk. `reserve` takes the batch's bytes from the shard's memory budget (or
-    /// refuses); `buffer` makes a chunk buffer of at least the given capacity.
+    /// refuses); `buffer` makes a chunk buffer of at least the given capacity, `sizes`
+    /// says which.
     pub fn append(
         &mut self,
         input: &AppendInput<'_>,
         arrival_ms: u64,
-        chunk_target_bytes: usize,
+        sizes: ChunkSizes,
         reserve: &mut dyn FnMut(u64) -> Result<()>,
         buffer: &mut dyn FnMut(usize) -> B,
     ) -> Result<Sequenced> {
@@ -359,36 +405,42 @@ impl<B: ChunkStorage, L: Clone> Leader<B, L> {
         self.throughput.take(input.summary.content_bytes);
 
         let start = Position { seq_num: self.next_seq_num, timestamp: stamp };
-        self.frame(input, stamp, chunk_target_bytes, buffer);
+        self.frame(input, stamp, sizes, buffer);
         self.next_seq_num += count;
         self.last_timestamp = stamp;
         Ok(Sequenced { start, end: Position { seq_num: self.next_seq_num, timestamp: stamp } })
     }
 
-    /// Copies the batch into the open chunk, sealing it first if the batch does not fit.
+    /// Copies the batch into the open chunk: grown to fit it within `sizes.max`, else
+    /// sealed first and a new one opened.
     fn frame(
         &mut self,
         input: &AppendInput<'_>,
         stamp: u64,
-        target: usize,
+        sizes: ChunkSizes,
         buffer: &mut dyn FnMut(usize) -> B,
     ) {
-        let records = input.summary.records as usize;
-        if let Some(open) = &self.open
-            && !open.fits(records, input.data.len())
+        let (records, bytes) = (input.summary.records as usize, input.data.len());
+        if let Some(open) = &mut self.open
+            && !open.fits(records, bytes)
         {
-            let full = self.open.take().expect("checked just above");
-            self.sealed.push(full.seal());
+            let needed = open.capacity_with(records, bytes);
+            if needed <= sizes.max {
+                open.grow_into(buffer(needed.max(2 * open.capacity()).min(sizes.max)));
+            } else {
+                let full = self.open.take().expect("checked just above");
+                self.sealed.push(full.seal());
+            }
         }
         let id = self.id;
         let next = self.next_seq_num;
         let open = self.open.get_or_insert_with(|| {
-            let capacity = target.max(ChunkBuilder::<B>::capacity_for(records, input.data.len()));
-            ChunkBuilder::with_buffer(buffer(capacity), id, next)
+            let needed = ChunkBuilder::<B>::capacity_for(records, bytes);
+            ChunkBuilder::with_buffer(buffer(needed.max(sizes.start)), id, next)
         });
         debug_assert_eq!(open.next_seq_num(), next, "the open chunk continues the stream");
         open.push_batch(input.lengths, input.data, stamp)
-            .expect("an empty chunk is sized for the batch, a non-empty one was checked to fit");
+            .expect("an empty chunk is sized for the batch, a non-empty one was made to fit");
     }
 
     /// Stored bytes sequenced into the open chunk and not yet sealed.

@@ -1527,6 +1527,36 @@ fn kept_alive_connections_do_not_keep_the_pages_they_answered() {
     );
 }
 
+/// A standard stream's chunk grows with what is appended to it: small appends cut by
+/// their delay do not each keep a `batch_max_bytes` buffer (8 MiB) in the cache, which
+/// the memory budget, counting stored bytes, never saw.
+#[test]
+fn small_standard_appends_keep_about_what_they_hold() {
+    let dir = tempdir();
+    let nova = Nova::start(&dir.path().join("data"));
+    let bucket = r#"{"create_stream_on_append":true,"default_batch_max_delay_ms":2}"#;
+    nova.ok("POST", "/v1/buckets/small", Some(bucket), 201);
+    let before = resident_bytes(nova.pid());
+    let (producers, appends) = (8, 25);
+    std::thread::scope(|scope| {
+        for producer in 0..producers {
+            let nova = &nova;
+            scope.spawn(move || {
+                let path = format!("/v1/streams/small/s{producer}/records");
+                for _ in 0..appends {
+                    nova.ok("POST", &path, Some(r#"{"records":[{"body":"hi"}]}"#), 200);
+                }
+            });
+        }
+    });
+    let tail = nova.ok("GET", "/v1/streams/small/s0/tail", None, 200);
+    assert_eq!(tail["tail"]["seq_num"], appends);
+    let grew = resident_bytes(nova.pid()).saturating_sub(before);
+    eprintln!("the server grew {grew} bytes");
+    let chunks = producers * appends;
+    assert!(grew < 64 << 20, "the server grew {grew} bytes for {chunks} one-record chunks");
+}
+
 /// Response memory (`--http-response-memory-bytes`): a page its client does not take
 /// stays held, a read finding no room is refused naming the limit, a subscription waits
 /// for room with heartbeats and then goes on with no gap, and everything is given back.

@@ -33,7 +33,7 @@ use crate::journal::{Journal, JournalBuffer, Location};
 use crate::loan::ChunkLoan;
 use crate::meta::RedbMetaStore;
 use crate::names::BucketName;
-use crate::stream::{ChunkSource, DurableChunk};
+use crate::stream::{ChunkSource, DurableChunk, KeptChunk};
 use crate::uploader::{ChunkBody, Placement, UploadChunk, Uploader};
 
 use super::{ObjectSlot, Shard, Stored};
@@ -361,14 +361,22 @@ impl Shard {
 }
 
 /// What the leader keeps in memory of a lent express chunk once it is in the store: the
-/// journal buffer it already holds (`None`: no change), unless the chunk fills less than
-/// half of that buffer (a small batch in a fresh `--express-chunk-bytes` buffer). Then a
-/// copy of the chunk's own size, so that cached chunks cost about the bytes the memory
-/// budget counts.
+/// journal buffer it already holds (`None`: no change), unless the chunk is sparse in it
+/// ([`KeptChunk::is_sparse`]: a small batch in a fresh `--express-chunk-bytes` buffer).
 fn kept_in_memory(loan: &ChunkLoan<SealedChunk<JournalBuffer>>) -> Option<Rc<dyn ChunkSource>> {
     let chunk = loan.chunk();
-    let sparse = chunk.padded().len() * 2 < chunk.storage().allocated();
-    sparse.then(|| Rc::new(SealedChunk::copy_of(chunk.bytes(), *chunk.header())) as _)
+    KeptChunk::is_sparse(chunk.bytes().len(), chunk.storage().allocated())
+        .then(|| Rc::new(KeptChunk::copy_of(chunk.bytes(), *chunk.header())) as _)
+}
+
+/// What the leader keeps in memory of a standard chunk once it is in the store: its own
+/// buffer, or a copy where the chunk is sparse in it (cut by its delay before it grew).
+fn kept_owned(chunk: SealedChunk<AlignedBuf>) -> Rc<dyn ChunkSource> {
+    if KeptChunk::is_sparse(chunk.bytes().len(), chunk.storage().as_slice().len()) {
+        Rc::new(KeptChunk::copy_of(chunk.bytes(), *chunk.header()))
+    } else {
+        Rc::new(chunk)
+    }
 }
 
 impl From<&Placement> for ObjectSlot {
@@ -472,7 +480,7 @@ async fn run(
                     let landed = landed.map(|(i, (placement, body))| {
                         let header = *body.header();
                         let bytes = match body {
-                            ChunkBody::Owned(chunk) => Some(Rc::new(chunk) as Rc<dyn ChunkSource>),
+                            ChunkBody::Owned(chunk) => Some(kept_owned(chunk)),
                             // A journaled job lends every chunk, in order.
                             ChunkBody::Lent(_) => kept_in_memory(&loans[i]),
                         };

@@ -11,12 +11,15 @@ use crate::limits::Limits;
 use crate::options::TimestampingMode;
 
 const ID: StreamId = StreamId([9; 16]);
-/// Small chunks so tests cross chunk boundaries often.
-const CHUNK_TARGET: usize = 4096;
+/// Small chunks so tests cross chunk boundaries often (an express stream's sizes).
+const CHUNK_TARGET: ChunkSizes = ChunkSizes { start: 4096, max: 4096 };
+/// Chunks that start at what their first batch needs and grow (a standard stream's).
+const GROWING: ChunkSizes = ChunkSizes { start: 0, max: 16 << 10 };
 
 /// A leader plus the "storage" its durable chunks go to (location = first seq_num).
 struct Harness {
     leader: Leader<AlignedBuf, u64>,
+    sizes: ChunkSizes,
     stored: HashMap<u64, Rc<dyn ChunkSource>>,
     budget_left: u64,
     now_ms: u64,
@@ -49,7 +52,8 @@ impl Harness {
             chunks,
             now_ms: 1_000,
         });
-        Self { leader, stored: HashMap::new(), budget_left: u64::MAX, now_ms: 1_000 }
+        let stored = HashMap::new();
+        Self { leader, sizes: CHUNK_TARGET, stored, budget_left: u64::MAX, now_ms: 1_000 }
     }
 
     fn append_with(
@@ -80,7 +84,7 @@ impl Harness {
         self.leader.append(
             &input,
             self.now_ms,
-            CHUNK_TARGET,
+            self.sizes,
             &mut |bytes| {
                 if bytes > *budget {
                     return Err(Error::MemoryBudgetExhausted {
@@ -354,6 +358,30 @@ fn chunks_go_out_on_one_path_at_a_time() {
 }
 
 #[test]
+fn a_growing_chunk_holds_about_what_it_needs_and_seals_at_its_max() {
+    let mut h = Harness::new(StreamOptions::default());
+    h.sizes = GROWING;
+    h.append(&[b"a"]);
+    let capacity = |h: &Harness| h.leader.open.as_ref().map(ChunkBuilder::capacity);
+    assert_eq!(capacity(&h), Some(4096), "one small record: one page, not the max");
+    let body = [5u8; 1000];
+    for n in 1..=14 {
+        h.append(&[&body]);
+        let needed = ChunkBuilder::<AlignedBuf>::capacity_for(n + 1, 2 + 1001 * n);
+        let capacity = capacity(&h).expect("open");
+        assert!(
+            capacity >= needed && capacity <= (2 * needed).max(4096),
+            "{capacity} for {needed}"
+        );
+    }
+    assert!(h.leader.sealed.is_empty(), "15 records fit 16 KiB: nothing sealed yet");
+    h.append(&[&body, &body, &body]);
+    assert_eq!(h.leader.sealed.len(), 1, "a batch past the max seals the chunk before it");
+    assert_eq!(h.leader.sealed[0].header().record_count, 15);
+    assert_eq!(capacity(&h), Some(4096), "the next chunk starts small again");
+}
+
+#[test]
 #[should_panic(expected = "sequence order")]
 fn durability_out_of_order_is_a_bug() {
     let mut h = Harness::new(StreamOptions::default());
@@ -614,8 +642,14 @@ impl Model {
 proptest! {
     #![proptest_config(ProptestConfig::with_cases(200))]
     #[test]
-    fn leader_matches_the_reference_model(ops in prop::collection::vec(op(), 1..80)) {
+    fn leader_matches_the_reference_model(
+        ops in prop::collection::vec(op(), 1..80),
+        grows in any::<bool>(),
+    ) {
         let mut h = Harness::new(StreamOptions::default());
+        if grows {
+            h.sizes = GROWING;
+        }
         let mut m = Model::default();
         for op in ops {
             match op {
