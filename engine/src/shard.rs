@@ -671,6 +671,7 @@ impl Shard {
             options: current.options,
             fencing_token: current.fencing_token,
             trim_seq_num: current.trim_seq_num,
+            trim_timestamp: current.trim_timestamp,
             chunks: found.chunks,
             now_ms: self.now_ms(),
         });
@@ -1227,12 +1228,12 @@ impl Shard {
             TrimTo::SeqNum(seq) => seq,
             TrimTo::Timestamp(time) => self.locate(slot, ReadStart::Timestamp(time), true).await?,
         };
-        let (id, target, current) = {
+        let (id, target, current, tail) = {
             let leader = slot.leader.borrow();
-            (leader.id(), leader.trim_target(seq), leader.trim_seq_num())
+            (leader.id(), leader.trim_target(seq), leader.trim_seq_num(), leader.tail())
         };
         if target > current {
-            let record = self.control.set_trim_seq_num(id, target).await?;
+            let record = self.control.set_trim_seq_num(id, target, tail.timestamp).await?;
             let freed = slot.leader.borrow_mut().set_trim(record.trim_seq_num);
             self.release(freed);
         }

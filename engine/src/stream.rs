@@ -232,6 +232,9 @@ pub struct LeaderInit<L> {
     pub options: StreamOptions,
     pub fencing_token: String,
     pub trim_seq_num: u64,
+    /// The tail's timestamp when the watermark last moved: the tail's, when no chunk is
+    /// left above the watermark.
+    pub trim_timestamp: u64,
     /// Durable chunks in sequence order (recovery).
     pub chunks: Vec<DurableChunk<L>>,
     pub now_ms: u64,
@@ -278,12 +281,11 @@ impl<B: ChunkStorage, L: Clone> Leader<B, L> {
             assert!(pair[0].last_timestamp <= pair[1].last_timestamp, "timestamps never decrease");
         }
         // With every chunk trimmed away, numbering continues at the watermark (the
-        // trimmed records' numbers are never reused).
-        let durable =
-            chunks.back().map_or(Tail { seq_num: init.trim_seq_num, timestamp: 0 }, |c| Tail {
-                seq_num: c.end_seq_num(),
-                timestamp: c.last_timestamp,
-            });
+        // trimmed records' numbers are never reused) and stamps from the last one's.
+        let trimmed = Tail { seq_num: init.trim_seq_num, timestamp: init.trim_timestamp };
+        let durable = chunks
+            .back()
+            .map_or(trimmed, |c| Tail { seq_num: c.end_seq_num(), timestamp: c.last_timestamp });
         let mut leader = Self {
             id: init.id,
             throughput: TokenBucket::new(init.options.throughput_max_bytes_per_second, init.now_ms),

@@ -890,6 +890,41 @@ fn trim_by_timestamp_goes_to_the_first_record_stamped_at_or_after_it() {
     node.stop();
 }
 
+/// A stream trimmed to its tail has no chunk left to tell its last timestamp: the
+/// watermark's row keeps it, so after a restart the tail is what it was and the next
+/// append is never stamped before the records the stream had (records.md).
+#[test]
+fn a_stream_trimmed_to_its_tail_keeps_its_tail_timestamp_through_a_restart() {
+    use std::sync::Arc;
+    use std::sync::atomic::{AtomicU64, Ordering};
+
+    let dir = tempfile::tempdir().expect("tempdir");
+    let late = 1_800_000_000_000;
+    let now = Arc::new(AtomicU64::new(late));
+    let node = engine::node::Node::start_with_clock(config(dir.path(), 1), clock_reading(&now))
+        .expect("start");
+    let client = node.client();
+    let bucket = make_bucket(&client, "trimmed", express(), true);
+    let key = key("k");
+    block_on(client.append(&bucket, &key, plain(&["a", "b"]))).expect("append");
+    assert_eq!(block_on(client.trim(&bucket, &key, TrimTo::SeqNum(2))).expect("trim"), 2);
+    let tail = block_on(client.check_tail(&bucket, &key)).expect("tail");
+    assert_eq!((tail.seq_num, tail.timestamp), (2, late));
+    drop(client);
+    node.stop();
+
+    // The clock is behind the stream's last stamp now (a clock stepped back).
+    now.store(late - 60_000, Ordering::SeqCst);
+    let node = engine::node::Node::start_with_clock(config(dir.path(), 1), clock_reading(&now))
+        .expect("start");
+    let client = node.client();
+    assert_eq!(block_on(client.check_tail(&bucket, &key)).expect("tail"), tail);
+    let next = block_on(client.append(&bucket, &key, plain(&["c"]))).expect("append");
+    assert_eq!((next.start.seq_num, next.start.timestamp), (2, late), "stamped no earlier");
+    drop(client);
+    node.stop();
+}
+
 #[test]
 fn knobs_at_their_defaults_make_the_default_config_and_each_is_read_once() {
     let dir = tempfile::tempdir().expect("tempdir");

@@ -134,6 +134,8 @@ pub struct StreamRecord {
     pub fencing_token: String,
     /// Records below this are gone.
     pub trim_seq_num: u64,
+    /// The tail's timestamp when the watermark last moved.
+    pub trim_timestamp: u64,
     /// Reserved for leadership leases; 0.
     pub leader_epoch: u64,
     /// Set once the stream is deleted; only lookups by ID return deleted streams.
@@ -535,6 +537,7 @@ impl<S: MetaStore> ControlPlane<S> {
             creation_request: *claim.request,
             fencing_token: String::new(),
             trim_seq_num: 0,
+            trim_timestamp: 0,
             leader_epoch: 0,
             state: StreamState::Live,
             deleted_at_ms: 0,
@@ -745,15 +748,23 @@ impl<S: MetaStore> ControlPlane<S> {
         Err(Error::Contended { op: "set fencing token", attempts: ATTEMPTS_MAX })
     }
 
-    /// Moves the trim watermark forward to `trim_seq_num`; a lower or equal value leaves
-    /// it where it is. The record carries the watermark now in force.
-    pub async fn set_trim_seq_num(&self, id: StreamId, trim_seq_num: u64) -> Result<StreamRecord> {
+    /// Moves the trim watermark forward to `trim_seq_num`, with `tail_timestamp`, the
+    /// stream's tail timestamp now (kept for a stream trimmed to its tail: no chunk is
+    /// left to tell it after a restart); a lower or equal watermark leaves both where
+    /// they are. The record carries the watermark now in force.
+    pub async fn set_trim_seq_num(
+        &self,
+        id: StreamId,
+        trim_seq_num: u64,
+        tail_timestamp: u64,
+    ) -> Result<StreamRecord> {
         for _ in 0..ATTEMPTS_MAX {
             let (row, version) = self.live_stream(id).await?;
             if trim_seq_num <= row.trim_seq_num {
                 return Ok(stream_record(row, version));
             }
-            let updated = StreamRow { trim_seq_num, ..row };
+            let trim_timestamp = tail_timestamp.max(row.trim_timestamp);
+            let updated = StreamRow { trim_seq_num, trim_timestamp, ..row };
             if let Some(record) = self.replace_stream(updated, version).await? {
                 return Ok(record);
             }
@@ -1129,6 +1140,7 @@ fn stream_record(row: StreamRow, version: Revision) -> StreamRecord {
         options: row.options,
         fencing_token: row.fencing_token,
         trim_seq_num: row.trim_seq_num,
+        trim_timestamp: row.trim_timestamp,
         leader_epoch: row.leader_epoch,
         deleted_at_ms: (row.state == StreamState::Deleted).then_some(row.deleted_at_ms),
         version,

@@ -19,9 +19,11 @@
 //! - Persisted enums are their `#[repr(u8)]` discriminants ([`StorageClass::as_u8`],
 //!   ...); 0 is never a value, which lets a create request store "omitted" as 0.
 //!
-//! The archived structs (`*V1`) are the layout and never change once released: fields
-//! are never reordered, retyped or removed. A new field means new structs under a new
-//! version, and a reader that still reads version 1.
+//! The archived structs (`*V1`, `*V2`) are the layout and never change once released:
+//! fields are never reordered, retyped or removed. A new field means a new struct under
+//! a new version of that kind's rows, and a reader that still reads the old one: stream
+//! rows are written as version 2 ([`STREAM_ROW_VERSION`], which added `trim_timestamp`)
+//! and read as 1 or 2; every other kind is version 1.
 //!
 //! This module owns the bytes of a row and the strict decoding back to domain values
 //! (names re-parsed, enums checked). It never reads or writes a store and never decides
@@ -41,8 +43,10 @@ use crate::options::{
     StreamOptionsRequest, TimestampingMode,
 };
 
-/// The version byte every row starts with.
+/// The version byte every row starts with, but stream rows.
 pub(crate) const ROW_FORMAT_VERSION: u8 = 1;
+/// The version byte of stream rows: 2 added `trim_timestamp`.
+pub(crate) const STREAM_ROW_VERSION: u8 = 2;
 const HEADER_BYTES: usize = 2;
 
 /// What a row is: its second byte.
@@ -95,7 +99,10 @@ impl RowKind {
 pub(crate) enum RowError {
     #[error("row of {len} bytes is shorter than its {HEADER_BYTES}-byte header")]
     Short { len: usize },
-    #[error("row format version {version} is unknown (this build reads {ROW_FORMAT_VERSION})")]
+    #[error(
+        "row format version {version} is unknown (this build reads {ROW_FORMAT_VERSION}, and \
+         {STREAM_ROW_VERSION} for stream rows)"
+    )]
     UnknownVersion { version: u8 },
     #[error("row kind {kind} is unknown")]
     UnknownKind { kind: u8 },
@@ -171,6 +178,10 @@ pub(crate) struct StreamRow {
     /// Empty: never set.
     pub fencing_token: String,
     pub trim_seq_num: u64,
+    /// The tail's timestamp when the watermark last moved: a stream trimmed to its tail
+    /// keeps its tail's timestamp through a restart, so stamps never go back (0 in rows
+    /// of version 1, which did not have it).
+    pub trim_timestamp: u64,
     /// Reserved for leadership leases (architecture.md, "Scale-out"); 0 until then.
     pub leader_epoch: u64,
     pub state: StreamState,
@@ -295,6 +306,13 @@ struct StreamV1 {
     deleted_at_ms: u64,
 }
 
+/// A stream row of version 2: version 1's fields, then `trim_timestamp`.
+#[derive(Archive, Serialize, Deserialize)]
+struct StreamV2 {
+    v1: StreamV1,
+    trim_timestamp: u64,
+}
+
 /// `expires_at_ms` 0: never.
 #[derive(Archive, Serialize, Deserialize)]
 struct TokenV1 {
@@ -325,12 +343,25 @@ where
         >,
     >,
 {
+    frame_version(ROW_FORMAT_VERSION, kind, value)
+}
+
+fn frame_version<T>(version: u8, kind: RowKind, value: &T) -> Vec<u8>
+where
+    T: for<'a> Serialize<
+        rkyv::api::high::HighSerializer<
+            AlignedVec,
+            rkyv::ser::allocator::ArenaHandle<'a>,
+            rancor::Error,
+        >,
+    >,
+{
     // Serializing plain owned data into a growable buffer has no failure mode besides
     // allocation, which aborts anyway.
     let archive =
         rkyv::to_bytes::<rancor::Error>(value).expect("serializing a row into memory cannot fail");
     let mut row = Vec::with_capacity(HEADER_BYTES + archive.len());
-    row.push(ROW_FORMAT_VERSION);
+    row.push(version);
     row.push(kind as u8);
     row.extend_from_slice(&archive);
     row
@@ -432,28 +463,39 @@ impl AddressRow {
 
 impl StreamRow {
     pub(crate) fn encode(&self) -> Vec<u8> {
-        frame(
-            RowKind::Stream,
-            &StreamV1 {
-                id: self.id.0,
-                bucket: self.bucket.as_str().to_owned(),
-                bucket_id: self.bucket_id,
-                key: self.key.as_str().to_owned(),
-                created_at_ms: self.created_at_ms,
-                options: options_v1(&self.options),
-                creation_token: self.creation_token.clone(),
-                creation_request: request_v1(&self.creation_request),
-                fencing_token: self.fencing_token.clone(),
-                trim_seq_num: self.trim_seq_num,
-                leader_epoch: self.leader_epoch,
-                state: self.state as u8,
-                deleted_at_ms: self.deleted_at_ms,
-            },
-        )
+        let row = StreamV2 { v1: self.v1(), trim_timestamp: self.trim_timestamp };
+        frame_version(STREAM_ROW_VERSION, RowKind::Stream, &row)
+    }
+
+    /// The fields version 1 had.
+    fn v1(&self) -> StreamV1 {
+        StreamV1 {
+            id: self.id.0,
+            bucket: self.bucket.as_str().to_owned(),
+            bucket_id: self.bucket_id,
+            key: self.key.as_str().to_owned(),
+            created_at_ms: self.created_at_ms,
+            options: options_v1(&self.options),
+            creation_token: self.creation_token.clone(),
+            creation_request: request_v1(&self.creation_request),
+            fencing_token: self.fencing_token.clone(),
+            trim_seq_num: self.trim_seq_num,
+            leader_epoch: self.leader_epoch,
+            state: self.state as u8,
+            deleted_at_ms: self.deleted_at_ms,
+        }
     }
 
     pub(crate) fn decode(bytes: &[u8]) -> Result<Self, RowError> {
-        let row: StreamV1 = unframe(RowKind::Stream, bytes)?;
+        let (version, archive) = header(RowKind::Stream, bytes)?;
+        let (row, trim_timestamp) = match version {
+            1 => (archived::<StreamV1>(RowKind::Stream, archive)?, 0),
+            STREAM_ROW_VERSION => {
+                let row = archived::<StreamV2>(RowKind::Stream, archive)?;
+                (row.v1, row.trim_timestamp)
+            }
+            version => return Err(RowError::UnknownVersion { version }),
+        };
         let state = match row.state {
             1 => StreamState::Live,
             2 => StreamState::Deleted,
@@ -472,6 +514,7 @@ impl StreamRow {
             creation_request: request_from(&row.creation_request)?,
             fencing_token: row.fencing_token,
             trim_seq_num: row.trim_seq_num,
+            trim_timestamp,
             leader_epoch: row.leader_epoch,
             state,
             deleted_at_ms: row.deleted_at_ms,
@@ -585,22 +628,40 @@ where
     T::Archived: for<'a> rkyv::bytecheck::CheckBytes<rkyv::api::high::HighValidator<'a, rancor::Error>>
         + Deserialize<T, rkyv::rancor::Strategy<rkyv::de::Pool, rancor::Error>>,
 {
+    match header(expected, bytes)? {
+        (ROW_FORMAT_VERSION, archive) => archived(expected, archive),
+        (version, _) => Err(RowError::UnknownVersion { version }),
+    }
+}
+
+/// Checks a row's kind; its version and its archive.
+fn header(expected: RowKind, bytes: &[u8]) -> Result<(u8, &[u8]), RowError> {
     let [version, kind, archive @ ..] = bytes else {
         return Err(RowError::Short { len: bytes.len() });
     };
-    if *version != ROW_FORMAT_VERSION {
+    if !matches!(*version, ROW_FORMAT_VERSION | STREAM_ROW_VERSION) {
         return Err(RowError::UnknownVersion { version: *version });
     }
     let found = RowKind::from_u8(*kind).ok_or(RowError::UnknownKind { kind: *kind })?;
     if found != expected {
         return Err(RowError::WrongKind { expected, found });
     }
+    Ok((*version, archive))
+}
+
+/// The validated, deserialized archive of a row of kind `kind`.
+fn archived<T>(kind: RowKind, archive: &[u8]) -> Result<T, RowError>
+where
+    T: Archive,
+    T::Archived: for<'a> rkyv::bytecheck::CheckBytes<rkyv::api::high::HighValidator<'a, rancor::Error>>
+        + Deserialize<T, rkyv::rancor::Strategy<rkyv::de::Pool, rancor::Error>>,
+{
     // The archive follows a 2-byte header, so it is misaligned in the stored value; rkyv
     // reads only aligned archives.
     let mut aligned = AlignedVec::<16>::with_capacity(archive.len());
     aligned.extend_from_slice(archive);
     rkyv::from_bytes::<T, rancor::Error>(&aligned)
-        .map_err(|error| RowError::Archive { kind: expected, message: error.to_string() })
+        .map_err(|error| RowError::Archive { kind, message: error.to_string() })
 }
 
 fn invalid(field: &'static str) -> impl FnOnce(crate::Error) -> RowError {
@@ -771,6 +832,7 @@ mod tests {
             creation_request: StreamOptionsRequest::default(),
             fencing_token: String::new(),
             trim_seq_num: 0,
+            trim_timestamp: 0,
             leader_epoch: 0,
             state: StreamState::Live,
             deleted_at_ms: 0,
@@ -786,6 +848,7 @@ mod tests {
             creation_request: every_request(),
             fencing_token: "writer-2".into(),
             trim_seq_num: 1_000_000,
+            trim_timestamp: 1_700_000_998_000,
             leader_epoch: 7,
             state: StreamState::Deleted,
             deleted_at_ms: 1_700_000_999_000,
@@ -824,6 +887,17 @@ mod tests {
             ),
         ];
         crate::golden::check("control_rows.txt", &cases);
+    }
+
+    #[test]
+    fn stream_rows_of_version_1_still_read_with_no_trim_timestamp() {
+        let row = stream_deleted();
+        let old = frame(RowKind::Stream, &row.v1());
+        assert_eq!(old[0], 1);
+        let read = StreamRow::decode(&old).expect("a version 1 stream row");
+        assert_eq!(read, StreamRow { trim_timestamp: 0, ..row.clone() });
+        assert_eq!(row.encode()[0], STREAM_ROW_VERSION);
+        assert_eq!(StreamRow::decode(&row.encode()), Ok(row));
     }
 
     #[test]
@@ -1117,7 +1191,7 @@ mod tests {
             ids in any::<([u8; 16], [u8; 16])>(),
             token in prop::option::of("[a-z0-9]{0,64}"),
             fencing_token in "[ -~]{0,36}",
-            numbers in any::<[u64; 4]>(),
+            numbers in any::<[u64; 5]>(),
             deleted in any::<bool>(),
         ) {
             let row = StreamRow {
@@ -1131,6 +1205,7 @@ mod tests {
                 creation_request: request,
                 fencing_token,
                 trim_seq_num: numbers[1],
+                trim_timestamp: numbers[4],
                 leader_epoch: numbers[2],
                 state: if deleted { StreamState::Deleted } else { StreamState::Live },
                 deleted_at_ms: numbers[3],

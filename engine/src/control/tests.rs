@@ -173,7 +173,7 @@ fn futures_are_send_and_the_plane_is_shareable() {
     send(&control.delete_stream(&apps, &orders, None));
     send(&control.list_streams(&apps, "", None, None));
     send(&control.set_fencing_token(StreamId::default(), None, "t"));
-    send(&control.set_trim_seq_num(StreamId::default(), 1));
+    send(&control.set_trim_seq_num(StreamId::default(), 1, 0));
 }
 
 #[test]
@@ -892,24 +892,29 @@ fn fencing_token_and_trim_watermark() {
     );
     assert!(block_on(control.set_fencing_token(id, None, &"t".repeat(36))).is_ok());
 
-    let trimmed = block_on(control.set_trim_seq_num(id, 100)).unwrap();
-    assert_eq!(trimmed.trim_seq_num, 100);
+    let trimmed = block_on(control.set_trim_seq_num(id, 100, 5_000)).unwrap();
+    assert_eq!((trimmed.trim_seq_num, trimmed.trim_timestamp), (100, 5_000));
     // Only forward: a lower value leaves the watermark, and writes nothing.
-    let kept = block_on(control.set_trim_seq_num(id, 50)).unwrap();
-    assert_eq!((kept.trim_seq_num, kept.version), (100, trimmed.version));
-    assert_eq!(block_on(control.set_trim_seq_num(id, 101)).unwrap().trim_seq_num, 101);
+    let kept = block_on(control.set_trim_seq_num(id, 50, 9_000)).unwrap();
+    assert_eq!(
+        (kept.trim_seq_num, kept.trim_timestamp, kept.version),
+        (100, 5_000, trimmed.version)
+    );
+    // The timestamp never goes back either.
+    let moved = block_on(control.set_trim_seq_num(id, 101, 4_000)).unwrap();
+    assert_eq!((moved.trim_seq_num, moved.trim_timestamp), (101, 5_000));
     let got = block_on(control.get_stream(&bucket("apps"), &key("orders"))).unwrap();
     assert_eq!((got.trim_seq_num, got.fencing_token.len()), (101, 36));
 
     let unknown = StreamId([0xee; 16]);
     assert_eq!(
-        block_on(control.set_trim_seq_num(unknown, 1)),
+        block_on(control.set_trim_seq_num(unknown, 1, 0)),
         Err(Error::StreamIdNotFound { id: unknown })
     );
     assert_eq!(block_on(control.stream_by_id(unknown)), Ok(None));
     block_on(control.delete_stream(&bucket("apps"), &key("orders"), None)).unwrap();
     let gone = Error::StreamNotFound { bucket: "apps".into(), key: "orders".into() };
-    assert_eq!(block_on(control.set_trim_seq_num(id, 200)), Err(gone.clone()));
+    assert_eq!(block_on(control.set_trim_seq_num(id, 200, 0)), Err(gone.clone()));
     assert_eq!(block_on(control.set_fencing_token(id, None, "x")), Err(gone));
 }
 
@@ -923,7 +928,7 @@ fn delete_and_recreate_yields_a_fresh_stream_and_tombstones_the_old_one() {
     new_bucket(control, "apps", &none());
     let old = new_stream(control, "apps", "orders");
     block_on(control.set_fencing_token(old.id, None, "writer")).unwrap();
-    block_on(control.set_trim_seq_num(old.id, 42)).unwrap();
+    block_on(control.set_trim_seq_num(old.id, 42, 0)).unwrap();
 
     let deleted_at = fixture.advance(1_000);
     let deleted = block_on(control.delete_stream(&apps, &orders, None)).unwrap();
@@ -1718,7 +1723,7 @@ fn state_survives_closing_and_reopening_the_store() {
     new_bucket(control, "apps", &autocreating());
     let kept = new_stream(control, "apps", "kept");
     let fenced = block_on(control.set_fencing_token(kept.id, None, "writer")).unwrap();
-    let trimmed = block_on(control.set_trim_seq_num(fenced.id, 9)).unwrap();
+    let trimmed = block_on(control.set_trim_seq_num(fenced.id, 9, 0)).unwrap();
     let gone = new_stream(control, "apps", "gone");
     block_on(control.delete_stream(&apps, &key("gone"), None)).unwrap();
     let auto = block_on(control.resolve(&apps, &key("auto"), Door::Read)).unwrap().record;

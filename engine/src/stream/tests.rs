@@ -49,6 +49,7 @@ impl Harness {
             options,
             fencing_token: token,
             trim_seq_num: 0,
+            trim_timestamp: 0,
             chunks,
             now_ms: 1_000,
         });
