@@ -312,6 +312,8 @@ pub struct Client {
     /// Set once every shard has recovered: a shard serves as soon as it has, so a
     /// caller may reach the node while another shard still replays its journal.
     recovered: Arc<AtomicBool>,
+    /// The shards' limits, which an append meets before its address is resolved.
+    limits: crate::limits::Limits,
 }
 
 /// Addresses the resolve cache holds before it starts over.
@@ -385,6 +387,7 @@ impl Node {
             uploader: uploader.clone(),
             auditor: Arc::default(),
             recovered: Arc::default(),
+            limits: config.shard.limits,
         };
         let mut threads = Vec::with_capacity(config.shards);
         for (index, rx) in receivers.into_iter().enumerate() {
@@ -762,6 +765,11 @@ impl Client {
             let record = match cached {
                 Some(record) => record,
                 None => {
+                    if let Op::Append(request) = &op {
+                        // Resolving may create the stream: an append refused by its
+                        // limits leaves no trace (producers.md), not a new stream.
+                        crate::shard::check_append(request, &self.limits)?;
+                    }
                     let record = self.control.resolve(bucket, key, door).await?.record;
                     self.remember(&address, &record);
                     record

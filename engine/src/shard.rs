@@ -209,6 +209,27 @@ pub struct AppendRequest {
     pub offered: Option<Offered>,
 }
 
+/// The checks of an append that need no stream (decisions.md: well-formedness and the
+/// limits come first): its framing, its fencing token's length and every record,
+/// header and batch limit. The batch's frame and summary when it passes.
+pub(crate) fn check_append<'a>(
+    request: &'a AppendRequest,
+    limits: &Limits,
+) -> Result<(AppendFrame<'a>, batch::BatchSummary)> {
+    let frame = AppendFrame::decode_body(&request.framed)?;
+    if let Some(token) = frame.conditions.fencing_token
+        && token.len() > FENCING_TOKEN_BYTES_MAX
+    {
+        return Err(Error::FencingTokenTooLong {
+            field: "fencing_token",
+            len: token.len(),
+            limit: FENCING_TOKEN_BYTES_MAX,
+        });
+    }
+    let summary = batch::validate(frame.lengths, frame.data, limits)?;
+    Ok((frame, summary))
+}
+
 /// The acknowledgement of an append: where it landed and the tail at the ack.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct AppendAck {
@@ -720,17 +741,7 @@ impl Shard {
 
     async fn append(self: &Rc<Self>, slot: &Rc<Slot>, request: AppendRequest) -> Result<AppendAck> {
         let arrived = Instant::now();
-        let frame = AppendFrame::decode_body(&request.framed)?;
-        if let Some(token) = frame.conditions.fencing_token
-            && token.len() > FENCING_TOKEN_BYTES_MAX
-        {
-            return Err(Error::FencingTokenTooLong {
-                field: "fencing_token",
-                len: token.len(),
-                limit: FENCING_TOKEN_BYTES_MAX,
-            });
-        }
-        let summary = batch::validate(frame.lengths, frame.data, &self.config.limits)?;
+        let (frame, summary) = check_append(&request, &self.config.limits)?;
         let offered = request.offered.unwrap_or_else(|| {
             std::iter::repeat_n(frame.conditions.timestamp, summary.records as usize).collect()
         });

@@ -1527,6 +1527,28 @@ fn kept_alive_connections_do_not_keep_the_pages_they_answered() {
     );
 }
 
+/// An append refused by a limit leaves no trace (producers.md), not even the stream its
+/// bucket would have created: the limits are checked before the address is resolved.
+#[test]
+fn an_append_refused_by_a_limit_does_not_create_its_stream() {
+    let dir = tempdir();
+    let nova = Nova::start(&dir.path().join("data"));
+    nova.ok("POST", "/v1/buckets/auto", Some(r#"{"create_stream_on_append":true}"#), 201);
+    let big = format!(r#"{{"records":[{{"body":"{}"}}]}}"#, "x".repeat((1 << 20) + 1));
+    let refused =
+        nova.err("POST", "/v1/streams/auto/new/records", Some(&big), 400, "invalid_argument");
+    let message = refused["message"].as_str().unwrap();
+    assert!(message.contains("1048576"), "names the limit: {message}");
+    let headers = r#"{"records":[{"body":"b","headers":[["","v"]]}]}"#;
+    nova.err("POST", "/v1/streams/auto/new/records", Some(headers), 400, "invalid_argument");
+    nova.err("GET", "/v1/streams/auto/new", None, 404, "not_found");
+    let listed = nova.ok("GET", "/v1/streams/auto", None, 200);
+    assert_eq!(listed["streams"], serde_json::json!([]), "{listed}");
+    // The same batch within the limits creates it.
+    nova.ok("POST", "/v1/streams/auto/new/records", Some(r#"{"records":[{"body":"b"}]}"#), 200);
+    nova.ok("GET", "/v1/streams/auto/new", None, 200);
+}
+
 /// A standard stream's chunk grows with what is appended to it: small appends cut by
 /// their delay do not each keep a `batch_max_bytes` buffer (8 MiB) in the cache, which
 /// the memory budget, counting stored bytes, never saw.
