@@ -112,6 +112,21 @@ fn verb_help(verb: &str) -> Option<String> {
     Some(format!("usage: {line}\n{options}\nexample:\n  {example}\n"))
 }
 
+/// `nova bucket --help` (a group of verbs): each of its verbs with an example.
+fn group_help(group: &str) -> Option<String> {
+    let prefix = format!("{group} ");
+    let verbs: Vec<_> = VERBS.iter().filter(|(name, ..)| name.starts_with(&prefix)).collect();
+    if verbs.is_empty() {
+        return None;
+    }
+    let mut text = String::new();
+    for (_, line, example) in verbs {
+        text.push_str(&format!("usage: {line}\n  example: {example}\n"));
+    }
+    text.push_str(&format!("\n`nova {group} VERB --help` shows more of one.\n"));
+    Some(text)
+}
+
 /// How a stream option's flag is written.
 #[derive(Clone, Copy)]
 enum OptionValue {
@@ -309,8 +324,13 @@ impl Args {
     fn number(&self, name: &str) -> Result<Option<u64>, Failure> {
         self.value(name)
             .map(|v| {
-                v.parse::<u64>()
-                    .map_err(|_| usage_error(format!("--{name} must be a whole number, not {v:?}")))
+                v.parse::<u64>().map_err(|_| {
+                    usage_error(if !v.is_empty() && v.bytes().all(|c| c.is_ascii_digit()) {
+                        format!("--{name} {v} is too large: at most {}", u64::MAX)
+                    } else {
+                        format!("--{name} must be a whole number, not {v:?}")
+                    })
+                })
             })
             .transpose()
     }
@@ -443,6 +463,27 @@ impl Session {
             }
         }
     }
+
+    /// Says on stderr, for people, that a list page has more after it (`--json` has
+    /// `next`): stdout stays one name a line for whatever reads it.
+    fn more(&self, page: &Value) {
+        if let Some(next) = page["next"].as_str().filter(|n| !n.is_empty())
+            && !self.json
+        {
+            eprintln!("(more: --cursor {next})");
+        }
+    }
+}
+
+/// The `field` of each item of a list page's `items`, a line each.
+fn names(page: &Value, items: &str, field: &str) -> String {
+    let names: Vec<&str> = page[items]
+        .as_array()
+        .into_iter()
+        .flatten()
+        .map(|item| item[field].as_str().unwrap_or(""))
+        .collect();
+    names.join("\n")
 }
 
 /// Set when an answer could not be written to stdout: the command then exits 1.
@@ -543,7 +584,7 @@ fn run(args: Vec<String>) -> Outcome {
         [one, ..] => (*one).to_owned(),
     };
     if args.has("help") {
-        match verb_help(&name) {
+        match verb_help(&name).or_else(|| group_help(&name)) {
             Some(text) => {
                 print!("{text}");
                 return Ok(());
@@ -596,18 +637,21 @@ fn run(args: Vec<String>) -> Outcome {
             _ => Err(usage_error(format!("{name} takes one {what}; see nova {name} --help"))),
         }
     };
+    let none = || -> Result<(), Failure> {
+        match rest.as_slice() {
+            [] => Ok(()),
+            [first, ..] => Err(usage_error(format!(
+                "{name} takes no argument, not {first:?}; see nova {name} --help"
+            ))),
+        }
+    };
     match name.as_str() {
         "ls" => {
             args.only(&[])?;
+            none()?;
             let buckets = every_page(&session, "/v1/buckets", "buckets")?;
             session.show(&json!({"buckets": buckets, "next": ""}), |all| {
-                all["buckets"]
-                    .as_array()
-                    .into_iter()
-                    .flatten()
-                    .map(|b| b["name"].as_str().unwrap_or("").to_owned())
-                    .collect::<Vec<_>>()
-                    .join("\n")
+                names(all, "buckets", "name")
             });
             Ok(())
         }
@@ -653,6 +697,7 @@ fn run(args: Vec<String>) -> Outcome {
         }
         "bucket list" => {
             args.only(&["limit", "cursor"])?;
+            none()?;
             let mut query = Vec::new();
             if let Some(limit) = args.number("limit")? {
                 query.push(format!("limit={limit}"));
@@ -661,18 +706,8 @@ fn run(args: Vec<String>) -> Outcome {
                 query.push(format!("start_after={}", encode_segment(cursor)));
             }
             let page = session.call("GET", &format!("/v1/buckets?{}", query.join("&")), None)?;
-            session.show(&page, |page| {
-                let mut lines: Vec<String> = page["buckets"]
-                    .as_array()
-                    .into_iter()
-                    .flatten()
-                    .map(|b| b["name"].as_str().unwrap_or("").to_owned())
-                    .collect();
-                if let Some(next) = page["next"].as_str().filter(|n| !n.is_empty()) {
-                    lines.push(format!("(more: --cursor {next})"));
-                }
-                lines.join("\n")
-            });
+            session.show(&page, |page| names(page, "buckets", "name"));
+            session.more(&page);
             Ok(())
         }
         "token issue" => {
@@ -802,7 +837,14 @@ fn run(args: Vec<String>) -> Outcome {
         }
         "stream list" => {
             args.only(&["prefix", "limit", "cursor"])?;
-            let (bucket, _) = address(one("address")?, false)?;
+            let text = one("address")?;
+            let (bucket, key) = address(text, false)?;
+            if key.is_some() {
+                return Err(usage_error(format!(
+                    "stream list takes a bucket like nova://{bucket}, not the stream {text:?}; \
+                     --prefix K lists the keys that start with K"
+                )));
+            }
             let mut query = Vec::new();
             if let Some(prefix) = args.value("prefix") {
                 query.push(format!("prefix={}", encode_segment(prefix)));
@@ -818,18 +860,8 @@ fn run(args: Vec<String>) -> Outcome {
                 &format!("/v1/streams/{}?{}", encode_segment(&bucket), query.join("&")),
                 None,
             )?;
-            session.show(&page, |page| {
-                let mut lines: Vec<String> = page["streams"]
-                    .as_array()
-                    .into_iter()
-                    .flatten()
-                    .map(|s| s["key"].as_str().unwrap_or("").to_owned())
-                    .collect();
-                if let Some(next) = page["next"].as_str().filter(|n| !n.is_empty()) {
-                    lines.push(format!("(more: --cursor {next})"));
-                }
-                lines.join("\n")
-            });
+            session.show(&page, |page| names(page, "streams", "key"));
+            session.more(&page);
             Ok(())
         }
         "append" => {
@@ -1311,8 +1343,19 @@ impl Answers {
             } else {
                 "were not appended"
             };
+            // The server counts records from 0 within the batch; a record is a line.
+            let record = match &error {
+                client::Error::Api(api) => api.message.strip_prefix("record ").and_then(|rest| {
+                    rest.split(|c: char| !c.is_ascii_digit()).next()?.parse::<u64>().ok()
+                }),
+                _ => None,
+            };
+            let line = record
+                .filter(|&record| record < lines)
+                .map(|record| format!(" (record {record} is line {})", first_line + record))
+                .unwrap_or_default();
             let mut message = format!(
-                "lines {first_line}-{} {what}: {error}; {} before them {}",
+                "lines {first_line}-{} {what}: {error}{line}; {} before them {}",
                 first_line + lines - 1,
                 counted(self.appended, "record"),
                 if self.appended == 1 { "was" } else { "were" }
@@ -1445,7 +1488,9 @@ pub fn time_ms(flag: &str, text: &str) -> Result<u64, String> {
         )
     };
     let b = text.as_bytes();
-    if b.len() < 20
+    // ASCII only, so that every slice below falls on a character boundary.
+    if !text.is_ascii()
+        || b.len() < 20
         || b[4] != b'-'
         || b[7] != b'-'
         || !matches!(b[10], b'T' | b't' | b' ')
@@ -1464,8 +1509,15 @@ pub fn time_ms(flag: &str, text: &str) -> Result<u64, String> {
     };
     let (year, month, day) = (num(0..4)?, num(5..7)?, num(8..10)?);
     let (hour, minute, second) = (num(11..13)?, num(14..16)?, num(17..19)?);
+    let leap = year % 4 == 0 && (year % 100 != 0 || year % 400 == 0);
+    let days_in_month = match month {
+        2 if leap => 29,
+        2 => 28,
+        4 | 6 | 9 | 11 => 30,
+        _ => 31,
+    };
     if !(1..=12).contains(&month)
-        || !(1..=31).contains(&day)
+        || !(1..=days_in_month).contains(&day)
         || hour > 23
         || minute > 59
         || second > 60
@@ -1490,8 +1542,11 @@ pub fn time_ms(flag: &str, text: &str) -> Result<u64, String> {
             && &rest[3..4] == ":" =>
         {
             let sign = if rest.starts_with('-') { -1 } else { 1 };
-            let hours: i64 = rest[1..3].parse().map_err(|_| bad())?;
-            let minutes: i64 = rest[4..6].parse().map_err(|_| bad())?;
+            let at = text.len() - rest.len();
+            let (hours, minutes) = (num(at + 1..at + 3)?, num(at + 4..at + 6)?);
+            if hours > 23 || minutes > 59 {
+                return Err(bad());
+            }
             sign * (hours * 60 + minutes)
         }
         _ => return Err(bad()),
@@ -1743,6 +1798,7 @@ mod tests {
         assert!(answers.take(Err(refused()), InFlight::lines(4, 1)).is_none());
         let message = failure(answers);
         assert!(message.starts_with("lines 2-2 were not appended"), "{message}");
+        assert!(message.contains("over the record limit (record 0 is line 2)"), "{message}");
         assert!(message.contains("1 record before them was"), "{message}");
         assert!(message.contains("lines 3-3 were appended after them, at seq_num 1..2"));
         assert!(message.contains("lines 4-4 failed too"), "{message}");
@@ -1881,9 +1937,30 @@ mod tests {
         assert_eq!(time_ms("from-time", "2023-11-14T22:13:20Z"), Ok(1_700_000_000_000));
         assert_eq!(time_ms("from-time", "2023-11-14T23:13:20.25+01:00"), Ok(1_700_000_000_250));
         assert_eq!(time_ms("from-time", "2024-02-29T00:00:00.123456Z"), Ok(1_709_164_800_123));
-        for bad in ["yesterday", "2023-13-01T00:00:00Z", "2023-11-14T22:13:20", "2023-11-14"] {
+        assert_eq!(time_ms("from-time", "2023-11-14T20:43:20-01:30"), Ok(1_700_000_000_000));
+        let bad = [
+            "yesterday",
+            "2023-13-01T00:00:00Z",
+            "2023-11-14T22:13:20",
+            "2023-11-14",
+            // Days past their month's end, not shifted into the next.
+            "2026-02-31T00:00:00Z",
+            "2023-02-29T00:00:00Z",
+            "2026-04-31T00:00:00Z",
+            // Offsets out of range or not two digits each.
+            "2026-05-01T00:00:00+99:99",
+            "2026-05-01T00:00:00+24:00",
+            "2026-05-01T00:00:00++1:00",
+            // Not ASCII: refused, not a panic at a slice inside a character.
+            "2026-05-01T00:00:00+1é00",
+            "2026-05-01T00:00:0é",
+        ];
+        for bad in bad {
             let error = time_ms("from-time", bad).expect_err(bad);
-            assert!(error.contains("--from-time") && error.contains(bad), "{error}");
+            assert!(
+                error.contains("--from-time") && error.contains(&format!("{bad:?}")),
+                "{error}"
+            );
         }
     }
 }

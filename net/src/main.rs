@@ -7,6 +7,16 @@
 static ALLOCATOR: engine::aligned::PoolingAllocator = engine::aligned::PoolingAllocator;
 
 fn main() {
-    let args: Vec<String> = std::env::args().skip(1).collect();
+    let mut args = Vec::new();
+    for (at, arg) in std::env::args_os().enumerate().skip(1) {
+        match arg.into_string() {
+            Ok(arg) => args.push(arg),
+            Err(arg) => {
+                let shown = arg.to_string_lossy();
+                eprintln!("nova: argument {at} ({shown:?}) is not UTF-8: nova takes UTF-8 text");
+                std::process::exit(2);
+            }
+        }
+    }
     std::process::exit(net::cli::main(args));
 }

@@ -79,10 +79,21 @@ fn client_verbs(store: Store) {
     let got: Value = serde_json::from_str(&ok(&server, &["--json", "bucket", "get", "apps"], None))
         .expect("json");
     assert_eq!(got["default_class"], "express");
-    assert_eq!(
-        ok(&server, &["bucket", "list", "--limit", "1"], None),
-        "apps\n(more: --cursor apps)\n"
-    );
+    // One name a line on stdout; that there is more is said on stderr.
+    let page = nova_cli(&server, &["bucket", "list", "--limit", "1"], None);
+    assert!(page.status.success());
+    assert_eq!(String::from_utf8_lossy(&page.stdout), "apps\n");
+    assert_eq!(String::from_utf8_lossy(&page.stderr), "(more: --cursor apps)\n");
+    // Arguments a verb does not take are refused, not ignored.
+    for (args, named) in [
+        (&["ls", "extra"][..], "\"extra\""),
+        (&["bucket", "list", "apps"][..], "\"apps\""),
+        (&["stream", "list", "nova://logs/api"][..], "--prefix"),
+        (&["bucket", "list", "--limit", "99999999999999999999"][..], "too large"),
+    ] {
+        let error = fails(&server, args, None, 2);
+        assert!(error.contains(named), "nova {args:?}: {error}");
+    }
     ok(
         &server,
         &["stream", "create", "--bucket", "logs", "--key", "api", "--retention-max-age", "168h"],
@@ -148,7 +159,10 @@ fn client_verbs(store: Store) {
 
 #[test]
 fn every_verb_has_help_with_an_example() {
-    let verbs: [&[&str]; 16] = [
+    let verbs: [&[&str]; 19] = [
+        &["bucket"],
+        &["stream"],
+        &["token"],
         &["serve"],
         &["ls"],
         &["bucket", "create"],
@@ -183,6 +197,22 @@ fn every_verb_has_help_with_an_example() {
         .expect("run nova");
     assert_eq!(out.status.code(), Some(2));
     assert!(String::from_utf8_lossy(&out.stderr).contains("no verb \"bucket update\""));
+}
+
+/// An argument that is not UTF-8 is refused with a usage error, not a panic.
+#[test]
+fn arguments_that_are_not_utf8_are_refused() {
+    use std::os::unix::ffi::OsStrExt as _;
+
+    let header = std::ffi::OsStr::from_bytes(b"k\xff=v");
+    let out = Command::new(env!("CARGO_BIN_EXE_nova"))
+        .args(["append", "nova://apps/s", "--header"])
+        .arg(header)
+        .output()
+        .expect("run nova");
+    assert_eq!(out.status.code(), Some(2));
+    let error = String::from_utf8_lossy(&out.stderr);
+    assert!(error.contains("argument 4") && error.contains("UTF-8"), "{error}");
 }
 
 #[test]
