@@ -212,9 +212,10 @@ pub enum Error {
     #[error("match_seq_num {match_seq_num} does not match the next seq_num {next_seq_num}")]
     SeqNumMismatch { match_seq_num: u64, next_seq_num: u64 },
 
-    /// An append or Fence carried a token other than the stream's current one.
-    #[error("fencing token does not match the stream's current fencing token {current:?}")]
-    FencingTokenMismatch { current: String },
+    /// An append (`field` = `fencing_token`) or Fence (`expected`) carried a token other
+    /// than the stream's current one.
+    #[error("{field} does not match the stream's current fencing token {current:?}")]
+    FencingTokenMismatch { field: &'static str, current: String },
 
     /// An append without a token on a stream whose producer policy is `fenced`.
     #[error(
@@ -399,9 +400,8 @@ impl Error {
     /// The stream's current fencing token, for fencing refusals.
     pub fn fencing_token(&self) -> Option<&str> {
         match self {
-            Error::FencingTokenMismatch { current } | Error::FencingTokenMissing { current } => {
-                Some(current)
-            }
+            Error::FencingTokenMismatch { current, .. }
+            | Error::FencingTokenMissing { current } => Some(current),
             _ => None,
         }
     }
@@ -634,9 +634,9 @@ mod tests {
                 &["match_seq_num 5", "next seq_num 7"],
             ),
             (
-                Error::FencingTokenMismatch { current: "writer-2".into() },
+                Error::FencingTokenMismatch { field: "expected", current: "writer-2".into() },
                 Code::FailedPrecondition,
-                &["\"writer-2\""],
+                &["expected does not match", "\"writer-2\""],
             ),
             (
                 Error::FencingTokenMissing { current: "writer-2".into() },
@@ -838,7 +838,10 @@ mod tests {
             Error::SeqNumMismatch { match_seq_num: 5, next_seq_num: 7 }.next_seq_num(),
             Some(7)
         );
-        assert_eq!(Error::FencingTokenMismatch { current: "a".into() }.fencing_token(), Some("a"));
+        assert_eq!(
+            Error::FencingTokenMismatch { field: "expected", current: "a".into() }.fencing_token(),
+            Some("a")
+        );
         assert_eq!(Error::FencingTokenMissing { current: String::new() }.fencing_token(), Some(""));
         let exhausted = Error::ThroughputExceeded { limit_bytes_per_second: 1, retry_after_ms: 9 };
         assert_eq!(exhausted.retry_after_ms(), Some(9));

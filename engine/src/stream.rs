@@ -385,7 +385,10 @@ impl<B: ChunkStorage, L: Clone> Leader<B, L> {
         // (2) fencing token and producer policy.
         match input.fencing_token {
             Some(token) if token != self.fencing_token => {
-                return Err(Error::FencingTokenMismatch { current: self.fencing_token.clone() });
+                return Err(Error::FencingTokenMismatch {
+                    field: "fencing_token",
+                    current: self.fencing_token.clone(),
+                });
             }
             None if self.options.producer_policy == ProducerPolicy::Fenced => {
                 return Err(Error::FencingTokenMissing { current: self.fencing_token.clone() });
@@ -549,9 +552,10 @@ impl<B: ChunkStorage, L: Clone> Leader<B, L> {
     /// calls this only once the token is durable.
     pub fn check_fence(&self, expected: Option<&str>) -> Result<()> {
         match expected {
-            Some(expected) if expected != self.fencing_token => {
-                Err(Error::FencingTokenMismatch { current: self.fencing_token.clone() })
-            }
+            Some(expected) if expected != self.fencing_token => Err(Error::FencingTokenMismatch {
+                field: "expected",
+                current: self.fencing_token.clone(),
+            }),
             _ => Ok(()),
         }
     }

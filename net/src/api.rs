@@ -1043,7 +1043,15 @@ pub fn read_params(request: &Request<Incoming>, accepted: &[&str]) -> Result<Rea
             other => Ok(other),
         }
     };
-    let wait = match number_param(&pairs, "wait")? {
+    let wait = param(&pairs, "wait").map(|text| {
+        plain_number::<u64>(text, false).ok_or_else(|| {
+            ApiError::invalid(format!(
+                "query parameter wait must be whole seconds from 0 to {READ_WAIT_SECONDS_MAX}, \
+                 not {text:?}"
+            ))
+        })
+    });
+    let wait = match wait.transpose()? {
         Some(seconds) if seconds > u64::from(READ_WAIT_SECONDS_MAX) => {
             return Err(engine::Error::read_wait_too_long(seconds).into());
         }

@@ -339,6 +339,10 @@ fn append_read_and_their_conditions(nova: &Nova) {
     nova.err("GET", "/v1/streams/bb1/s/records?bytes=0", None, 400, "invalid_argument");
     let bad = nova.err("GET", "/v1/streams/bb1/s/records?wait=61", None, 400, "invalid_argument");
     assert!(bad["message"].as_str().expect("message").contains("wait"), "{bad}");
+    // Not a whole number: the message names wait's own range, not a u64's.
+    let bad = nova.err("GET", "/v1/streams/bb1/s/records?wait=1.5", None, 400, "invalid_argument");
+    let message = bad["message"].as_str().expect("message");
+    assert!(message.contains("wait") && message.contains("0 to 60"), "{bad}");
     nova.err(
         "GET",
         "/v1/streams/bb1/s/records?seq_num=1&timestamp=1",

@@ -735,7 +735,10 @@ impl<S: MetaStore> ControlPlane<S> {
             if let Some(expected) = expected
                 && expected != row.fencing_token
             {
-                return Err(Error::FencingTokenMismatch { current: row.fencing_token });
+                return Err(Error::FencingTokenMismatch {
+                    field: "expected",
+                    current: row.fencing_token,
+                });
             }
             if row.fencing_token == fencing_token {
                 return Ok(stream_record(row, version));

@@ -871,7 +871,7 @@ fn fencing_token_and_trim_watermark() {
     assert_eq!(fenced.fencing_token, "writer-1");
     assert_eq!(
         block_on(control.set_fencing_token(id, Some("wrong"), "writer-2")),
-        Err(Error::FencingTokenMismatch { current: "writer-1".into() })
+        Err(Error::FencingTokenMismatch { field: "expected", current: "writer-1".into() })
     );
     let refenced = block_on(control.set_fencing_token(id, Some("writer-1"), "writer-2")).unwrap();
     assert_eq!(refenced.fencing_token, "writer-2");

@@ -253,13 +253,13 @@ fn fencing_tokens_and_producer_policy() {
     h.leader.set_fencing_token("w1".into());
     assert_eq!(
         h.append_with(&[b"b"], &[], None, Some("old")),
-        Err(Error::FencingTokenMismatch { current: "w1".into() })
+        Err(Error::FencingTokenMismatch { field: "fencing_token", current: "w1".into() })
     );
     h.append_with(&[b"b"], &[], None, Some("w1")).expect("current token");
     h.append_with(&[b"c"], &[], None, None).expect("policy any accepts no token");
     assert_eq!(
         h.leader.check_fence(Some("w0")),
-        Err(Error::FencingTokenMismatch { current: "w1".into() })
+        Err(Error::FencingTokenMismatch { field: "expected", current: "w1".into() })
     );
 
     let options = StreamOptions { producer_policy: ProducerPolicy::Fenced, ..Default::default() };
