@@ -101,6 +101,12 @@ impl AlignedBuf {
         Self { ptr, len, capacity }
     }
 
+    /// The bytes its allocation takes: its length rounded up to its size class, or a
+    /// class up to half again as large that the pool had kept.
+    pub fn allocated(&self) -> usize {
+        self.capacity
+    }
+
     /// The whole buffer.
     pub fn as_slice(&self) -> &[u8] {
         // SAFETY: the first `len` bytes of the allocation are initialised (the

@@ -312,8 +312,10 @@ pub struct Client {
     /// Set once every shard has recovered: a shard serves as soon as it has, so a
     /// caller may reach the node while another shard still replays its journal.
     recovered: Arc<AtomicBool>,
-    /// The shards' limits, which an append meets before its address is resolved.
+    /// The shards' limits, and the journal's largest entry, which an append meets before
+    /// its address is resolved.
     limits: crate::limits::Limits,
+    entry_max: u64,
 }
 
 /// Addresses the resolve cache holds before it starts over.
@@ -388,6 +390,7 @@ impl Node {
             auditor: Arc::default(),
             recovered: Arc::default(),
             limits: config.shard.limits,
+            entry_max: config.journal.segment_bytes,
         };
         let mut threads = Vec::with_capacity(config.shards);
         for (index, rx) in receivers.into_iter().enumerate() {
@@ -768,7 +771,7 @@ impl Client {
                     if let Op::Append(request) = &op {
                         // Resolving may create the stream: an append refused by its
                         // limits leaves no trace (producers.md), not a new stream.
-                        crate::shard::check_append(request, &self.limits)?;
+                        crate::shard::check_append(request, &self.limits, self.entry_max)?;
                     }
                     let record = self.control.resolve(bucket, key, door).await?.record;
                     self.remember(&address, &record);

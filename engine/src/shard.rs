@@ -215,6 +215,7 @@ pub struct AppendRequest {
 pub(crate) fn check_append<'a>(
     request: &'a AppendRequest,
     limits: &Limits,
+    entry_max: u64,
 ) -> Result<(AppendFrame<'a>, batch::BatchSummary)> {
     let frame = AppendFrame::decode_body(&request.framed)?;
     if let Some(token) = frame.conditions.fencing_token
@@ -227,6 +228,15 @@ pub(crate) fn check_append<'a>(
         });
     }
     let summary = batch::validate(frame.lengths, frame.data, limits)?;
+    // A batch is one chunk at most, and a chunk (with its envelope, padded) one journal
+    // entry: refuse what could never be written, before it takes numbers.
+    let chunk_bytes = crate::aligned::round_up(ChunkBuilder::<JournalBuffer>::capacity_for(
+        summary.records as usize,
+        frame.data.len(),
+    )) as u64;
+    if chunk_bytes > entry_max {
+        return Err(Error::BatchTooLargeForJournal { chunk_bytes, limit: entry_max });
+    }
     Ok((frame, summary))
 }
 
@@ -741,7 +751,8 @@ impl Shard {
 
     async fn append(self: &Rc<Self>, slot: &Rc<Slot>, request: AppendRequest) -> Result<AppendAck> {
         let arrived = Instant::now();
-        let (frame, summary) = check_append(&request, &self.config.limits)?;
+        let entry_max = self.journal.entry_bytes_max();
+        let (frame, summary) = check_append(&request, &self.config.limits, entry_max)?;
         let offered = request.offered.unwrap_or_else(|| {
             std::iter::repeat_n(frame.conditions.timestamp, summary.records as usize).collect()
         });
@@ -753,16 +764,6 @@ impl Shard {
             match_seq_num: frame.conditions.match_seq_num,
             fencing_token: frame.conditions.fencing_token,
         };
-        // A batch is one chunk at most, and a chunk (with its envelope, padded) one
-        // journal entry: refuse what could never be written, before it takes numbers.
-        let entry_max = self.journal.entry_bytes_max();
-        let chunk_bytes = crate::aligned::round_up(ChunkBuilder::<JournalBuffer>::capacity_for(
-            summary.records as usize,
-            frame.data.len(),
-        )) as u64;
-        if chunk_bytes > entry_max {
-            return Err(Error::BatchTooLargeForJournal { chunk_bytes, limit: entry_max });
-        }
         let bytes = frame.data.len() as u64;
         self.make_room(bytes);
         let class = slot.leader.borrow().options().class;

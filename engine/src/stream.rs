@@ -349,6 +349,13 @@ impl<B: ChunkStorage, L: Clone> Leader<B, L> {
     /// New options (ReconfigureStream); the class and triggers apply to the next chunk.
     pub fn set_options(&mut self, options: StreamOptions, now_ms: u64) {
         self.throughput.set_rate(options.throughput_max_bytes_per_second, now_ms);
+        // The open chunk was built for its class's path: it goes out sealed, so that a
+        // batch under the new class never grows it into the other path's buffer.
+        if options.class != self.options.class
+            && let Some(open) = self.open.take()
+        {
+            self.sealed.push(open.seal());
+        }
         self.options = options;
     }
 

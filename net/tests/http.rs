@@ -1551,6 +1551,18 @@ fn an_append_refused_by_a_limit_does_not_create_its_stream() {
     // The same batch within the limits creates it.
     nova.ok("POST", "/v1/streams/auto/new/records", Some(r#"{"records":[{"body":"b"}]}"#), 200);
     nova.ok("GET", "/v1/streams/auto/new", None, 200);
+    drop(nova);
+
+    // So does the journal's: a batch larger than one journal entry takes.
+    let nova =
+        Nova::start_with(&dir.path().join("small"), &["--journal-segment-bytes", "1MiB"], &[]);
+    nova.ok("POST", "/v1/buckets/auto", Some(r#"{"create_stream_on_append":true}"#), 201);
+    let record = format!(r#"{{"body":"{}"}}"#, "x".repeat(600 << 10));
+    let two = format!(r#"{{"records":[{record},{record}]}}"#);
+    let refused =
+        nova.err("POST", "/v1/streams/auto/new/records", Some(&two), 400, "invalid_argument");
+    assert!(refused["message"].as_str().unwrap().contains("1048576"), "{refused}");
+    nova.err("GET", "/v1/streams/auto/new", None, 404, "not_found");
 }
 
 /// A standard stream's chunk grows with what is appended to it: small appends cut by

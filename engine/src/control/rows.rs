@@ -9,8 +9,9 @@
 //! VERSION = 0, KIND = VERSION + 1, ARCHIVE = KIND + 1
 //! ```
 //!
-//! - `version` is [`ROW_FORMAT_VERSION`]; a reader refuses any other, so a layout change
-//!   is a version bump and never a silent misread.
+//! - `version` is [`ROW_FORMAT_VERSION`] (stream rows: 1 or [`STREAM_ROW_VERSION`]); a
+//!   reader refuses any other, so a layout change is a version bump and never a silent
+//!   misread.
 //! - `kind` is a [`RowKind`]; a row of another kind than its key promises is corrupt.
 //! - The archive is rkyv 0.8 with little-endian integers and 32-bit relative pointers
 //!   (the workspace fixes both features), so the bytes are the same on every machine. The
@@ -21,9 +22,10 @@
 //!
 //! The archived structs (`*V1`, `*V2`) are the layout and never change once released:
 //! fields are never reordered, retyped or removed. A new field means a new struct under
-//! a new version of that kind's rows, and a reader that still reads the old one: stream
-//! rows are written as version 2 ([`STREAM_ROW_VERSION`], which added `trim_timestamp`)
-//! and read as 1 or 2; every other kind is version 1.
+//! a new version of that kind's rows, and a reader that still reads the old one: a stream
+//! row is written as version 2 ([`STREAM_ROW_VERSION`], which added `trim_timestamp`)
+//! once its `trim_timestamp` is set, else as version 1, which a build from before
+//! version 2 still reads; both are read. Every other kind is version 1.
 //!
 //! This module owns the bytes of a row and the strict decoding back to domain values
 //! (names re-parsed, enums checked). It never reads or writes a store and never decides
@@ -463,6 +465,9 @@ impl AddressRow {
 
 impl StreamRow {
     pub(crate) fn encode(&self) -> Vec<u8> {
+        if self.trim_timestamp == 0 {
+            return frame(RowKind::Stream, &self.v1());
+        }
         let row = StreamV2 { v1: self.v1(), trim_timestamp: self.trim_timestamp };
         frame_version(STREAM_ROW_VERSION, RowKind::Stream, &row)
     }
@@ -873,6 +878,10 @@ mod tests {
             ("address", AddressRow { id: id(0x00) }.encode()),
             ("stream live defaults", stream_live().encode()),
             ("stream deleted every field", stream_deleted().encode()),
+            (
+                "stream deleted every field but trim_timestamp (version 1)",
+                StreamRow { trim_timestamp: 0, ..stream_deleted() }.encode(),
+            ),
             ("deleted marker", marker().encode()),
             (
                 "key ref 000102..0f seq 0x0102030405060708",
@@ -890,14 +899,15 @@ mod tests {
     }
 
     #[test]
-    fn stream_rows_of_version_1_still_read_with_no_trim_timestamp() {
+    fn stream_rows_are_version_2_only_once_they_have_a_trim_timestamp() {
         let row = stream_deleted();
-        let old = frame(RowKind::Stream, &row.v1());
-        assert_eq!(old[0], 1);
-        let read = StreamRow::decode(&old).expect("a version 1 stream row");
-        assert_eq!(read, StreamRow { trim_timestamp: 0, ..row.clone() });
         assert_eq!(row.encode()[0], STREAM_ROW_VERSION);
-        assert_eq!(StreamRow::decode(&row.encode()), Ok(row));
+        assert_eq!(StreamRow::decode(&row.encode()), Ok(row.clone()));
+        // Without one, the row is exactly version 1's, which an older build reads.
+        let untrimmed = StreamRow { trim_timestamp: 0, ..row };
+        let old = frame(RowKind::Stream, &untrimmed.v1());
+        assert_eq!((untrimmed.encode(), old[0]), (old.clone(), 1));
+        assert_eq!(StreamRow::decode(&old), Ok(untrimmed));
     }
 
     #[test]

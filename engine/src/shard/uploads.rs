@@ -372,7 +372,7 @@ fn kept_in_memory(loan: &ChunkLoan<SealedChunk<JournalBuffer>>) -> Option<Rc<dyn
 /// What the leader keeps in memory of a standard chunk once it is in the store: its own
 /// buffer, or a copy where the chunk is sparse in it (cut by its delay before it grew).
 fn kept_owned(chunk: SealedChunk<AlignedBuf>) -> Rc<dyn ChunkSource> {
-    if KeptChunk::is_sparse(chunk.bytes().len(), chunk.storage().as_slice().len()) {
+    if KeptChunk::is_sparse(chunk.bytes().len(), chunk.storage().allocated()) {
         Rc::new(KeptChunk::copy_of(chunk.bytes(), *chunk.header()))
     } else {
         Rc::new(chunk)

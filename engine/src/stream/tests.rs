@@ -382,6 +382,23 @@ fn a_growing_chunk_holds_about_what_it_needs_and_seals_at_its_max() {
     assert_eq!(capacity(&h), Some(4096), "the next chunk starts small again");
 }
 
+/// A class change seals the open chunk: a batch under the new class never grows it into
+/// a buffer of the other class's path.
+#[test]
+fn a_class_change_seals_the_open_chunk() {
+    let mut h = Harness::new(StreamOptions::default());
+    h.sizes = GROWING;
+    h.append(&[b"a"]);
+    let express =
+        StreamOptions { class: crate::options::StorageClass::Express, ..StreamOptions::default() };
+    h.leader.set_options(express, h.now_ms);
+    assert!(h.leader.open.is_none() && h.leader.sealed.len() == 1, "sealed as it was built");
+    h.leader.set_options(express, h.now_ms);
+    assert_eq!(h.leader.sealed.len(), 1, "the same class seals nothing");
+    h.append(&[b"b"]);
+    assert_eq!(h.leader.open.as_ref().map(ChunkBuilder::len), Some(1), "a chunk of its own");
+}
+
 #[test]
 #[should_panic(expected = "sequence order")]
 fn durability_out_of_order_is_a_bug() {
