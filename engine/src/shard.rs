@@ -14,7 +14,8 @@
 //!   bundle and refs are durable. Express chunks follow as a job of their own, after
 //!   which their journal space is given up;
 //! - recovery of a stream's leader from its refs and the journal (`recovery.rs`);
-//! - the memory budget over stored bytes held (sequenced and not yet durable, express
+//! - the memory budget over stored bytes held, each record's directory entry included
+//!   (`stream::metered_bytes`; sequenced and not yet durable, express
 //!   chunks not yet in the object store, and cached durable chunks): cached chunks are
 //!   evicted oldest first (they stay readable from the journal or the object store);
 //!   when only unsettled bytes remain, appends are refused with ResourceExhausted.
@@ -56,7 +57,7 @@ use crate::options::{StorageClass, StreamOptionsPatch};
 use crate::position::{Position, Tail};
 use crate::stream::{
     AppendInput, ChunkSizes, ChunkSource, DurableChunk, Leader, LeaderInit, PageLimits, ReadStart,
-    Step,
+    Step, metered_bytes,
 };
 use crate::timestamp::Offered;
 use crate::transit;
@@ -764,8 +765,7 @@ impl Shard {
             match_seq_num: frame.conditions.match_seq_num,
             fencing_token: frame.conditions.fencing_token,
         };
-        let bytes = frame.data.len() as u64;
-        self.make_room(bytes);
+        self.make_room(metered_bytes(summary.records.into(), frame.data.len() as u64));
         let class = slot.leader.borrow().options().class;
         let sequenced = {
             let mut leader = slot.leader.borrow_mut();

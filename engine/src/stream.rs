@@ -60,6 +60,14 @@ unsafe impl<B: ChunkStorage> ChunkSource for SealedChunk<B> {
     }
 }
 
+/// What the shard's memory budget counts for `records` records of `data_len` stored
+/// bytes: the records and their directory entries, which a chunk holds for each (a
+/// chunk's bytes less its 64-byte header). Counting the records alone let a cache of
+/// tiny records hold several times its budget.
+pub fn metered_bytes(records: u64, data_len: u64) -> u64 {
+    data_len + crate::chunk::DIR_ENTRY_LEN as u64 * records
+}
+
 /// A durable chunk copied into memory of its own size: what the cache keeps of a chunk
 /// that fills less than half of the buffer it was built in (a small batch in a fresh
 /// buffer), so that a cached chunk costs about the bytes the memory budget counts.
@@ -118,7 +126,7 @@ pub struct DurableChunk<L> {
     pub first_seq_num: u64,
     pub record_count: u32,
     pub last_timestamp: u64,
-    /// Stored-record bytes: what the memory budget meters for a cached chunk.
+    /// Stored-record bytes.
     pub data_len: u32,
     /// Where the chunk is stored (kept when it is also in memory).
     pub location: L,
@@ -137,6 +145,11 @@ impl<L> DurableChunk<L> {
             location,
             cached,
         }
+    }
+
+    /// What the memory budget counts for it while cached ([`metered_bytes`]).
+    pub fn metered(&self) -> u64 {
+        metered_bytes(self.record_count.into(), self.data_len.into())
     }
 
     fn end_seq_num(&self) -> u64 {
@@ -413,7 +426,7 @@ impl<B: ChunkStorage, L: Clone> Leader<B, L> {
         }
         // (4) throughput cap, then the memory budget.
         self.throughput.check(input.summary.content_bytes, arrival_ms)?;
-        reserve(input.data.len() as u64)?;
+        reserve(metered_bytes(count, input.data.len() as u64))?;
         self.throughput.take(input.summary.content_bytes);
 
         let start = Position { seq_num: self.next_seq_num, timestamp: stamp };
@@ -587,7 +600,7 @@ impl<B: ChunkStorage, L: Clone> Leader<B, L> {
         {
             let front = self.chunks.pop_front().expect("checked just above");
             if front.cached.is_some() {
-                freed += u64::from(front.data_len);
+                freed += front.metered();
             }
         }
         freed
@@ -718,7 +731,7 @@ impl<B: ChunkStorage, L: Clone> Leader<B, L> {
         match self.chunks.get_mut(index) {
             Some(entry) if entry.first_seq_num == first_seq_num && entry.cached.is_none() => {
                 entry.cached = Some(chunk);
-                u64::from(entry.data_len)
+                entry.metered()
             }
             _ => 0,
         }
@@ -774,12 +787,12 @@ impl<B: ChunkStorage, L: Clone> Leader<B, L> {
     pub fn evict(&mut self, first_seq_num: u64) -> Option<u64> {
         let index = self.chunks.partition_point(|c| c.first_seq_num < first_seq_num);
         let entry = self.chunks.get_mut(index).filter(|c| c.first_seq_num == first_seq_num)?;
-        entry.cached.take().map(|_| u64::from(entry.data_len))
+        entry.cached.take().map(|_| entry.metered())
     }
 
     /// Stored bytes of every cached durable chunk.
     pub fn cached_bytes(&self) -> u64 {
-        self.chunks.iter().filter(|c| c.cached.is_some()).map(|c| u64::from(c.data_len)).sum()
+        self.chunks.iter().filter(|c| c.cached.is_some()).map(DurableChunk::metered).sum()
     }
 }
 

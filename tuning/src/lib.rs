@@ -110,8 +110,8 @@ pub const SHARDS: Knob = Knob {
     reason: "the design card's thread-per-core shape: one core is left to the uploader and the metadata thread",
 };
 
-/// The memory budget of one shard over stored bytes held (sequenced but not yet
-/// durable, and cached durable chunks).
+/// The memory budget of one shard over stored bytes held, with each record's 12-byte
+/// directory entry (sequenced but not yet durable, and cached durable chunks).
 pub const SHARD_MEMORY_BYTES: Knob = Knob {
     flag: "shard-memory-bytes",
     env: "NOVA_SHARD_MEMORY_BYTES",
@@ -119,7 +119,7 @@ pub const SHARD_MEMORY_BYTES: Knob = Knob {
     default: 1 << 30,
     min: 16 << 20,
     max: 1 << 40,
-    help: "stored bytes one shard holds in memory (unsettled batches plus cached chunks); appends past it get resource_exhausted",
+    help: "stored bytes one shard holds in memory, with 12 bytes a record for its directory entry (unsettled batches plus cached chunks); appends past it get resource_exhausted",
     reason: "1 GiB holds several seconds of ingest at disk speed plus a useful read cache, on machines with a few GiB per core",
 };
 

@@ -33,7 +33,7 @@ use crate::journal::{Journal, JournalBuffer, Location};
 use crate::loan::ChunkLoan;
 use crate::meta::RedbMetaStore;
 use crate::names::BucketName;
-use crate::stream::{ChunkSource, DurableChunk, KeptChunk};
+use crate::stream::{ChunkSource, DurableChunk, KeptChunk, metered_bytes};
 use crate::uploader::{ChunkBody, Placement, UploadChunk, Uploader};
 
 use super::{ObjectSlot, Shard, Stored};
@@ -329,7 +329,8 @@ impl Shard {
             let stored = Stored::Object(Rc::new(ObjectSlot::from(&placement)));
             slot.leader.borrow_mut().on_durable(DurableChunk::new(&header, stored, bytes));
             self.resume_held_back(&slot);
-            self.cache_push(placement.stream_id, header.first_seq_num, header.data_len.into());
+            let metered = metered_bytes(header.record_count.into(), header.data_len.into());
+            self.cache_push(placement.stream_id, header.first_seq_num, metered);
             slot.changed.notify();
             self.count(|s| s.chunks += 1);
         }
@@ -347,7 +348,8 @@ impl Shard {
             // Pinned in memory until now (the journal's space is about to go); from here
             // on it may be evicted and read back from the store.
             if slot.leader.borrow_mut().relocate(first, stored, bytes) {
-                self.cache_push(placement.stream_id, first, header.data_len.into());
+                let metered = metered_bytes(header.record_count.into(), header.data_len.into());
+                self.cache_push(placement.stream_id, first, metered);
             }
         }
         // Everything before the first express chunk still on its way is in the store.

@@ -293,13 +293,14 @@ fn checks_run_in_the_documented_order() {
 #[test]
 fn memory_budget_refusal_leaves_no_trace() {
     let mut h = Harness::new(StreamOptions::default());
-    h.budget_left = 5;
+    // A record's stored bytes and its directory entry (12 bytes) count.
+    h.budget_left = 16;
     assert_eq!(
-        h.append_with(&[b"12345678"], &[], None, None).map_err(|e| e.code()),
+        h.append_with(&[b"1234"], &[], None, None).map_err(|e| e.code()),
         Err(Code::ResourceExhausted)
     );
     assert_eq!(h.leader.next_seq_num(), 0);
-    h.append_with(&[b"123"], &[], None, None).expect("fits the budget");
+    h.append_with(&[b"123"], &[], None, None).expect("1 + 3 + 12 bytes fit the budget");
 }
 
 #[test]
@@ -492,9 +493,10 @@ fn evicted_chunks_are_loaded_back() {
         h.append(&[&body]);
         h.flush();
     }
-    assert_eq!(h.leader.cached_bytes(), 4 * 9, "four records of 1 + 8 stored bytes");
+    // Four records of 1 + 8 stored bytes, and a directory entry each.
+    assert_eq!(h.leader.cached_bytes(), 4 * (9 + 12));
     let freed: u64 = (0..4).filter_map(|seq| h.leader.evict(seq)).sum();
-    assert_eq!(freed, 4 * 9);
+    assert_eq!(freed, 4 * (9 + 12));
     assert_eq!(h.leader.evict(0), None, "already evicted");
     assert_eq!(h.leader.cached_bytes(), 0);
     // Two loads per page: each page is two stored chunks here, and ends at the next one
