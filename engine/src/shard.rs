@@ -159,7 +159,7 @@ unsafe impl ChunkSource for ObjectChunk {
 struct CacheEntry {
     id: StreamId,
     first_seq_num: u64,
-    /// The stored bytes it holds of the memory budget.
+    /// The bytes it holds of the memory budget (`stream::metered_bytes`).
     bytes: u64,
 }
 
@@ -167,7 +167,8 @@ struct CacheEntry {
 #[derive(Clone, Debug)]
 pub struct ShardConfig {
     pub limits: Limits,
-    /// Stored bytes a shard may hold in memory (unsettled plus cached).
+    /// Metered bytes (`stream::metered_bytes`) a shard may hold in memory (unsettled
+    /// plus cached).
     pub memory_budget_bytes: u64,
     /// Buffer size an express stream's open chunk starts with.
     pub express_chunk_bytes: usize,
@@ -470,13 +471,13 @@ pub(crate) struct Shard {
     /// Streams with sequenced records for the flusher.
     queue: RefCell<VecDeque<StreamId>>,
     work: Notify,
-    /// Stored bytes held: unsettled plus cached.
+    /// Metered bytes held: unsettled plus cached.
     held: Cell<u64>,
     /// Cached durable chunks, oldest first: what `make_room` evicts next.
     cache_order: RefCell<VecDeque<CacheEntry>>,
     /// `cache_order`'s length after its last compaction (`cache_push`).
     cache_order_compacted: Cell<usize>,
-    /// Stored bytes of every chunk put in `cache_order` so far: the settler's measure of
+    /// Metered bytes of every chunk put in `cache_order` so far: the settler's measure of
     /// how fast the cache turns over (`settle.rs`).
     cache_pushed_bytes: Cell<u64>,
     /// Upload jobs not started, and started (in order) (`uploads.rs`).

@@ -591,7 +591,8 @@ impl<B: ChunkStorage, L: Clone> Leader<B, L> {
     }
 
     /// Moves the trim watermark (after it is durable in metadata) and forgets chunks
-    /// wholly below it. Returns the stored bytes of cached chunks dropped.
+    /// wholly below it. Returns the metered bytes ([`metered_bytes`]) of cached chunks
+    /// dropped.
     pub fn set_trim(&mut self, seq_num: u64) -> u64 {
         self.trim_seq_num = self.trim_seq_num.max(seq_num);
         let mut freed = 0;
@@ -724,7 +725,7 @@ impl<B: ChunkStorage, L: Clone> Leader<B, L> {
         })
     }
 
-    /// Puts a chunk read back from storage into the cache. Returns its stored bytes
+    /// Puts a chunk read back from storage into the cache. Returns its metered bytes
     /// (what the cache now holds), or 0 if it is no longer needed.
     pub fn install_loaded(&mut self, first_seq_num: u64, chunk: Rc<dyn ChunkSource>) -> u64 {
         let index = self.chunks.partition_point(|c| c.first_seq_num < first_seq_num);
@@ -783,14 +784,14 @@ impl<B: ChunkStorage, L: Clone> Leader<B, L> {
     }
 
     /// Drops the cached bytes of the chunk starting at `first_seq_num` (it stays
-    /// readable from storage). Returns the stored bytes freed, if it was cached.
+    /// readable from storage). Returns the metered bytes freed, if it was cached.
     pub fn evict(&mut self, first_seq_num: u64) -> Option<u64> {
         let index = self.chunks.partition_point(|c| c.first_seq_num < first_seq_num);
         let entry = self.chunks.get_mut(index).filter(|c| c.first_seq_num == first_seq_num)?;
         entry.cached.take().map(|_| entry.metered())
     }
 
-    /// Stored bytes of every cached durable chunk.
+    /// Metered bytes of every cached durable chunk.
     pub fn cached_bytes(&self) -> u64 {
         self.chunks.iter().filter(|c| c.cached.is_some()).map(DurableChunk::metered).sum()
     }
