@@ -1531,6 +1531,19 @@ fn kept_alive_connections_do_not_keep_the_pages_they_answered() {
     );
 }
 
+/// A head of more than 100 header fields is refused by the HTTP library (431, with no
+/// body), as docs/api.md says; 100 are served.
+#[test]
+fn a_head_of_over_100_header_fields_is_refused() {
+    let dir = tempdir();
+    let nova = Nova::start(&dir.path().join("data"));
+    let names: Vec<String> = (0..101).map(|i| format!("x-h{i}")).collect();
+    let headers: Vec<(&str, &str)> = names.iter().map(|name| (name.as_str(), "v")).collect();
+    assert_eq!(nova.call_with("GET", "/health", &headers[..101], None).status, 431);
+    // Within the limit: the client adds its own few fields beside these.
+    assert_eq!(nova.call_with("GET", "/health", &headers[..90], None).status, 200);
+}
+
 /// An append refused by a limit leaves no trace (producers.md), not even the stream its
 /// bucket would have created: the limits are checked before the address is resolved.
 #[test]

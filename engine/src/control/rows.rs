@@ -335,29 +335,34 @@ struct DeletedV1 {
 
 // ---- Encoding ---------------------------------------------------------------------------
 
-fn frame<T>(kind: RowKind, value: &T) -> Vec<u8>
-where
+/// An archived row struct: serializable into memory with the workspace's rkyv features.
+trait Archived:
+    for<'a> Serialize<
+    rkyv::api::high::HighSerializer<
+        AlignedVec,
+        rkyv::ser::allocator::ArenaHandle<'a>,
+        rancor::Error,
+    >,
+>
+{
+}
+
+impl<T> Archived for T where
     T: for<'a> Serialize<
         rkyv::api::high::HighSerializer<
             AlignedVec,
             rkyv::ser::allocator::ArenaHandle<'a>,
             rancor::Error,
         >,
-    >,
+    >
 {
+}
+
+fn frame<T: Archived>(kind: RowKind, value: &T) -> Vec<u8> {
     frame_version(ROW_FORMAT_VERSION, kind, value)
 }
 
-fn frame_version<T>(version: u8, kind: RowKind, value: &T) -> Vec<u8>
-where
-    T: for<'a> Serialize<
-        rkyv::api::high::HighSerializer<
-            AlignedVec,
-            rkyv::ser::allocator::ArenaHandle<'a>,
-            rancor::Error,
-        >,
-    >,
-{
+fn frame_version<T: Archived>(version: u8, kind: RowKind, value: &T) -> Vec<u8> {
     // Serializing plain owned data into a growable buffer has no failure mode besides
     // allocation, which aborts anyway.
     let archive =

@@ -26,7 +26,7 @@
 use std::rc::Rc;
 use std::sync::Arc;
 
-use crate::chunk::{ChunkHeader, SealedChunk};
+use crate::chunk::{ChunkHeader, ChunkStorage, SealedChunk};
 use crate::control::{ControlPlane, RefRow};
 use crate::error::{Error, Result};
 use crate::journal::{Journal, JournalBuffer, Location};
@@ -364,21 +364,26 @@ impl Shard {
 
 /// What the leader keeps in memory of a lent express chunk once it is in the store: the
 /// journal buffer it already holds (`None`: no change), unless the chunk is sparse in it
-/// ([`KeptChunk::is_sparse`]: a small batch in a fresh `--express-chunk-bytes` buffer).
+/// (a small batch in a fresh `--express-chunk-bytes` buffer).
 fn kept_in_memory(loan: &ChunkLoan<SealedChunk<JournalBuffer>>) -> Option<Rc<dyn ChunkSource>> {
     let chunk = loan.chunk();
-    KeptChunk::is_sparse(chunk.bytes().len(), chunk.storage().allocated())
-        .then(|| Rc::new(KeptChunk::copy_of(chunk.bytes(), *chunk.header())) as _)
+    sparse_copy(chunk, chunk.storage().allocated())
 }
 
 /// What the leader keeps in memory of a standard chunk once it is in the store: its own
-/// buffer, or a copy where the chunk is sparse in it (cut by its delay before it grew).
+/// buffer, unless the chunk is sparse in it (cut by its delay before it grew).
 fn kept_owned(chunk: SealedChunk<AlignedBuf>) -> Rc<dyn ChunkSource> {
-    if KeptChunk::is_sparse(chunk.bytes().len(), chunk.storage().allocated()) {
-        Rc::new(KeptChunk::copy_of(chunk.bytes(), *chunk.header()))
-    } else {
-        Rc::new(chunk)
-    }
+    sparse_copy(&chunk, chunk.storage().allocated()).unwrap_or_else(|| Rc::new(chunk))
+}
+
+/// A copy of its own size of a chunk that fills under half of the `allocated` bytes of
+/// its buffer ([`KeptChunk::is_sparse`]), else `None`.
+fn sparse_copy<B: ChunkStorage>(
+    chunk: &SealedChunk<B>,
+    allocated: usize,
+) -> Option<Rc<dyn ChunkSource>> {
+    KeptChunk::is_sparse(chunk.bytes().len(), allocated)
+        .then(|| Rc::new(KeptChunk::copy_of(chunk.bytes(), *chunk.header())) as _)
 }
 
 impl From<&Placement> for ObjectSlot {
