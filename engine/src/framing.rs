@@ -49,7 +49,7 @@ use s3::Bytes;
 use crate::chunk::{self, Records};
 use crate::le::{u32_at, u64_at};
 use crate::pieces::Pieces;
-use crate::position::Tail;
+use crate::position::{Position, Tail};
 use crate::record;
 
 /// The one framing version this build speaks.
@@ -74,6 +74,7 @@ pub enum FrameKind {
     PageEnd = 3,
     End = 4,
     Error = 5,
+    Ack = 6,
 }
 
 /// Bytes before a records frame's tables: length, kind, first seq_num, count, base.
@@ -432,6 +433,9 @@ pub enum Frame<'a> {
     End,
     /// An error, as the JSON object of http-api.md.
     Error(&'a str),
+    /// An append session's acknowledgement of its next batch: where it landed, and the
+    /// tail at the ack.
+    Ack { start: Position, end: Position, tail: Tail },
 }
 
 /// The fixed part of a records frame for `records`; the frame is this, then the run's
@@ -492,6 +496,20 @@ pub fn encode_error(json: &str, out: &mut Vec<u8>) {
     out.extend_from_slice(json.as_bytes());
 }
 
+/// Appends an ack frame (an append session's acknowledgement of its next batch).
+pub fn encode_ack(start: Position, end: Position, tail: Tail, out: &mut Vec<u8>) {
+    let fields = [start, end, tail].map(|p| [p.seq_num, p.timestamp]);
+    encode_fixed(FrameKind::Ack, fields.as_flattened(), out);
+}
+
+/// The length prefix of one batch of an append session's request body: the body is each
+/// batch's append body (the layout [`AppendFrame`] decodes) after its length.
+pub fn session_batch_prefix(append_body_len: usize) -> Result<[u8; 4], FramingError> {
+    u32::try_from(append_body_len)
+        .map(u32::to_le_bytes)
+        .map_err(|_| FramingError::FrameTooLong { len: u32::MAX })
+}
+
 /// Decodes the first frame of `buf`. `Ok(None)` means the frame is not complete yet
 /// (read more bytes); otherwise the frame and how many bytes it took.
 pub fn decode_frame(buf: &[u8]) -> Result<Option<(Frame<'_>, usize)>, FramingError> {
@@ -531,6 +549,11 @@ pub fn decode_frame(buf: &[u8]) -> Result<Option<(Frame<'_>, usize)>, FramingErr
             Frame::End
         }
         5 => Frame::Error(std::str::from_utf8(payload).map_err(|_| FramingError::ErrorNotUtf8)?),
+        6 => {
+            let f = fixed(FrameKind::Ack, 6)?;
+            let at = |i: usize| Position { seq_num: f[i], timestamp: f[i + 1] };
+            Frame::Ack { start: at(0), end: at(2), tail: at(4) }
+        }
         kind => return Err(FramingError::UnknownKind { kind }),
     };
     Ok(Some((decoded, total)))
@@ -624,11 +647,19 @@ mod tests {
             fencing_token: Some("t1"),
             timestamp: Some(1000),
         };
+        let mut session = Vec::new();
+        for conditions in [AppendConditions { match_seq_num: Some(7), ..Default::default() }, full]
+        {
+            let body = sample_append(&conditions);
+            session.extend_from_slice(&session_batch_prefix(body.len()).expect("small"));
+            session.extend_from_slice(&body);
+        }
         crate::golden::check(
             "append_vectors.txt",
             &[
                 ("bare, seed records", sample_append(&AppendConditions::default())),
                 ("match 7, token t1, timestamp 1000", sample_append(&full)),
+                ("session body: match 7, then match 7, token t1, timestamp 1000", session),
             ],
         );
     }
@@ -701,6 +732,9 @@ mod tests {
         encode_page_end(13, tail, &mut out);
         encode_end(&mut out);
         encode_error(r#"{"code":"not_found"}"#, &mut out);
+        let (start, end) =
+            (Position { seq_num: 11, timestamp: 50 }, Position { seq_num: 13, timestamp: 50 });
+        encode_ack(start, end, tail, &mut out);
         let mut frames = Vec::new();
         let mut at = 0;
         while let Some((frame, used)) = decode_frame(&out[at..]).expect("valid") {
@@ -716,6 +750,7 @@ mod tests {
                 Frame::PageEnd { next_seq_num: 13, tail },
                 Frame::End,
                 Frame::Error(r#"{"code":"not_found"}"#),
+                Frame::Ack { start, end, tail },
             ]
         );
         // Every proper prefix of a frame is "not yet complete", never an error.
@@ -735,9 +770,16 @@ mod tests {
         encode_heartbeat(Tail { seq_num: 13, timestamp: 52 }, &mut control);
         encode_page_end(13, Tail { seq_num: 13, timestamp: 52 }, &mut control);
         encode_end(&mut control);
+        let mut ack = Vec::new();
+        let at = |seq_num, timestamp| Position { seq_num, timestamp };
+        encode_ack(at(11, 50), at(13, 50), at(13, 52), &mut ack);
         crate::golden::check(
             "frame_vectors.txt",
-            &[("records 11..13", records), ("heartbeat, page end, end", control)],
+            &[
+                ("records 11..13", records),
+                ("heartbeat, page end, end", control),
+                ("ack 11..13, tail 13 at 52", ack),
+            ],
         );
     }
 
@@ -756,6 +798,10 @@ mod tests {
         ));
         assert!(matches!(decode_frame(&frame(4, &[0])), Err(FramingError::PayloadLength { .. })));
         assert_eq!(decode_frame(&frame(5, &[0xFF])), Err(FramingError::ErrorNotUtf8));
+        assert!(matches!(
+            decode_frame(&frame(6, &[0; 40])),
+            Err(FramingError::PayloadLength { .. })
+        ));
         assert_eq!(decode_frame(&[0, 0, 0, 0]), Err(FramingError::TooShort { len: 0, needed: 1 }));
         assert_eq!(
             decode_frame(&(FRAME_LEN_MAX + 1).to_le_bytes()),

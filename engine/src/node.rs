@@ -759,8 +759,25 @@ impl Client {
         key: &StreamKey,
         door: Door,
         only: Option<StreamId>,
-        mut op: Op,
+        op: Op,
     ) -> Result<Reply> {
+        match self.route(bucket, key, door, only, op, None).await? {
+            Routed::Done(result) => result,
+            Routed::Sequenced(pending) => pending.reply().await,
+        }
+    }
+
+    /// Sends `op` to the stream's leader and waits for its answer, or, for an append
+    /// with a `sequenced` signal, only until the leader has sequenced it.
+    async fn route(
+        &self,
+        bucket: &BucketName,
+        key: &StreamKey,
+        door: Door,
+        only: Option<StreamId>,
+        mut op: Op,
+        sequenced: Option<&flume::Receiver<()>>,
+    ) -> Result<Routed> {
         let address = (bucket.clone(), key.clone());
         for attempt in 0..ATTEMPTS_MAX {
             let cached = if attempt == 0 { self.cached(&address) } else { None };
@@ -768,7 +785,7 @@ impl Client {
             let record = match cached {
                 Some(record) => record,
                 None => {
-                    if let Op::Append(request) = &op {
+                    if let Op::Append { request, .. } = &op {
                         // Resolving may create the stream: an append refused by its
                         // limits leaves no trace (producers.md), not a new stream.
                         crate::shard::check_append(request, &self.limits, self.entry_max)?;
@@ -786,8 +803,27 @@ impl Client {
                 }
                 return Err(Error::stream_not_found(bucket, key));
             }
-            match self.send(record, op).await? {
-                Answer::Done(result) => return result,
+            let answer = self.send(record, op).await?;
+            let answered = match sequenced {
+                None => answer.recv_async().await,
+                Some(sequenced) => {
+                    // Sequenced first, or answered first (refused, or handed back); a
+                    // signal dropped unused means the answer is on its way.
+                    let signalled = async {
+                        match sequenced.recv_async().await {
+                            Ok(()) => None,
+                            Err(_) => std::future::pending().await,
+                        }
+                    };
+                    let answered = async { Some(answer.recv_async().await) };
+                    match futures_lite::future::or(signalled, answered).await {
+                        Some(answered) => answered,
+                        None => return Ok(Routed::Sequenced(PendingAck { answer })),
+                    }
+                }
+            };
+            match answered.map_err(|_| stopped())? {
+                Answer::Done(result) => return Ok(Routed::Done(result)),
                 Answer::Stale(returned) => {
                     self.forget(&address);
                     op = returned;
@@ -797,12 +833,13 @@ impl Client {
         Err(Error::Contended { op: "route to the stream's leader", attempts: ATTEMPTS_MAX })
     }
 
-    async fn send(&self, record: StreamRecord, op: Op) -> Result<Answer> {
+    /// Hands `op` to the owner of the record's stream; its answer comes on the receiver.
+    async fn send(&self, record: StreamRecord, op: Op) -> Result<flume::Receiver<Answer>> {
         let (reply, answer) = flume::bounded(1);
         let owner = self.owner(record.id);
         let message = Message::Op { record: Box::new(record), op, reply };
         self.shards[owner].send_async(message).await.map_err(|_| stopped())?;
-        answer.recv_async().await.map_err(|_| stopped())
+        Ok(answer)
     }
 
     fn cached(&self, address: &(BucketName, StreamKey)) -> Option<StreamRecord> {
@@ -831,9 +868,32 @@ impl Client {
         key: &StreamKey,
         request: AppendRequest,
     ) -> Result<AppendAck> {
-        match self.call(bucket, key, Door::Append, Op::Append(request)).await? {
+        match self.call(bucket, key, Door::Append, Op::Append { request, sequenced: None }).await? {
             Reply::Appended(ack) => Ok(ack),
             other => Err(unexpected(&other)),
+        }
+    }
+
+    /// Appends one batch (creating the stream if its bucket says so), returning once the
+    /// leader has sequenced it: the acknowledgement comes from the [`PendingAck`] once
+    /// it is durable. A caller that awaits this before its next append has its batches
+    /// sequenced in the order it made them, while they become durable together (an
+    /// append session). A refusal (a limit, a condition, a fencing token) is this call's
+    /// error: nothing of the batch landed.
+    pub async fn append_sequenced(
+        &self,
+        bucket: &BucketName,
+        key: &StreamKey,
+        request: AppendRequest,
+    ) -> Result<PendingAck> {
+        let (signal, sequenced) = flume::bounded(1);
+        let op = Op::Append { request, sequenced: Some(signal) };
+        match self.route(bucket, key, Door::Append, None, op, Some(&sequenced)).await? {
+            Routed::Done(result) => match result? {
+                Reply::Appended(ack) => Ok(PendingAck::ready(ack)),
+                other => Err(unexpected(&other)),
+            },
+            Routed::Sequenced(pending) => Ok(pending),
         }
     }
 
@@ -950,7 +1010,7 @@ impl Client {
                 }
                 Err(other) => return Err(other),
             };
-            match self.send(record, op).await? {
+            match self.send(record, op).await?.recv_async().await.map_err(|_| stopped())? {
                 Answer::Done(result) => return result.map(drop),
                 Answer::Stale(returned) => op = returned,
             }
@@ -977,6 +1037,44 @@ impl Client {
             all.push(answer.recv_async().await.map_err(|_| stopped())?);
         }
         Ok(all)
+    }
+}
+
+/// Where an op stands once [`Client::route`] returns.
+enum Routed {
+    Done(Result<Reply>),
+    /// An append sequenced by its leader, not yet answered.
+    Sequenced(PendingAck),
+}
+
+/// An append its leader has sequenced: its acknowledgement, once durable.
+#[derive(Debug)]
+pub struct PendingAck {
+    answer: flume::Receiver<Answer>,
+}
+
+impl PendingAck {
+    /// One whose answer is already in hand.
+    fn ready(ack: AppendAck) -> Self {
+        let (reply, answer) = flume::bounded(1);
+        let _ = reply.send(Answer::Done(Ok(Reply::Appended(ack))));
+        PendingAck { answer }
+    }
+
+    /// The acknowledgement once the batch is durable, or why it never will be.
+    pub async fn durable(self) -> Result<AppendAck> {
+        match self.reply().await? {
+            Reply::Appended(ack) => Ok(ack),
+            other => Err(unexpected(&other)),
+        }
+    }
+
+    async fn reply(self) -> Result<Reply> {
+        match self.answer.recv_async().await.map_err(|_| stopped())? {
+            Answer::Done(result) => result,
+            // A leader sequences only an append it keeps.
+            Answer::Stale(_) => Err(Error::internal("a sequenced append came back unused")),
+        }
     }
 }
 

@@ -322,11 +322,19 @@ pub enum TrimTo {
 /// An operation on one stream, sent to its leader.
 #[derive(Debug)]
 pub enum Op {
-    Append(AppendRequest),
+    /// An append; `sequenced` is told once the batch has its place in the stream (its
+    /// answer comes when it is durable), and dropped unused when it is refused first.
+    Append {
+        request: AppendRequest,
+        sequenced: Option<flume::Sender<()>>,
+    },
     Read(ReadRequest),
     Plan(PlanRequest),
     CheckTail,
-    Fence { token: String, expected: Option<String> },
+    Fence {
+        token: String,
+        expected: Option<String>,
+    },
     Trim(TrimTo),
     Reconfigure(StreamOptionsPatch),
     Delete,
@@ -634,7 +642,9 @@ impl Shard {
             slot.changed.changed(seen).await;
         }
         match op {
-            Op::Append(request) => self.append(&slot, request).await.map(Reply::Appended),
+            Op::Append { request, sequenced } => {
+                self.append(&slot, request, sequenced).await.map(Reply::Appended)
+            }
             Op::Read(request) => self.read(&slot, request).await.map(Reply::Read),
             Op::Plan(request) => self.plan(&slot, request).await.map(Reply::Plan),
             Op::CheckTail => Ok(Reply::Tail(slot.leader.borrow().tail())),
@@ -751,7 +761,12 @@ impl Shard {
         Ok(())
     }
 
-    async fn append(self: &Rc<Self>, slot: &Rc<Slot>, request: AppendRequest) -> Result<AppendAck> {
+    async fn append(
+        self: &Rc<Self>,
+        slot: &Rc<Slot>,
+        request: AppendRequest,
+        sequenced_signal: Option<flume::Sender<()>>,
+    ) -> Result<AppendAck> {
         let arrived = Instant::now();
         let entry_max = self.journal.entry_bytes_max();
         let (frame, summary) = check_append(&request, &self.config.limits, entry_max)?;
@@ -806,6 +821,9 @@ impl Shard {
                 },
             )?
         };
+        if let Some(signal) = sequenced_signal {
+            let _ = signal.try_send(());
+        }
         self.queue_flush(slot);
         self.count(|s| s.appends_waiting += 1);
         let durable = self.wait_durable(slot, sequenced.end.seq_num).await;

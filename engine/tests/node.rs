@@ -191,6 +191,43 @@ fn stopping_flushes_batches_waiting_for_their_delay() {
     assert_eq!(ack.start.seq_num, 1);
 }
 
+/// `append_sequenced` returns once the leader has sequenced a batch, before it is
+/// durable: batches sequenced one after another are numbered in that order and wait for
+/// durability together (here, for a standard stream's batch delay, which the stop cuts
+/// short). A refusal is the call's own error, and takes no number.
+#[test]
+fn sequenced_appends_keep_their_order_and_become_durable_together() {
+    use futures_lite::future::poll_once;
+    let dir = tempfile::tempdir().expect("tempdir");
+    let node = start(config(dir.path(), 2));
+    let client = node.client();
+    let bucket = make_bucket(&client, "seq", StorageClass::Standard, true);
+    let k = key("k");
+    block_on(client.append(&bucket, &k, plain(&["first"]))).expect("append");
+    let slow = StreamOptionsPatch { batch_max_delay_ms: Some(60_000), ..Default::default() };
+    block_on(client.reconfigure(&bucket, &k, slow)).expect("reconfigure");
+    let mut durable: Vec<_> = (0..20)
+        .map(|i| {
+            let request = plain(&[&format!("b{i}")]);
+            let pending = block_on(client.append_sequenced(&bucket, &k, request));
+            Box::pin(pending.expect("sequenced").durable())
+        })
+        .collect();
+    for ack in &mut durable {
+        assert!(block_on(poll_once(ack)).is_none(), "durable before the batch delay");
+    }
+    let wrong =
+        batch(&[b"x".to_vec()], AppendConditions { match_seq_num: Some(0), ..Default::default() });
+    let refused = block_on(client.append_sequenced(&bucket, &k, wrong)).expect_err("refused");
+    assert_eq!((refused.code(), refused.next_seq_num()), (Code::FailedPrecondition, Some(21)));
+    drop(client);
+    node.stop();
+    for (i, ack) in durable.into_iter().enumerate() {
+        let ack = block_on(ack).expect("acknowledged at the stop");
+        assert_eq!((ack.start.seq_num, ack.end.seq_num), (i as u64 + 1, i as u64 + 2), "in order");
+    }
+}
+
 /// One node per data directory: a second one is refused before it touches anything.
 #[test]
 fn a_second_node_on_a_data_directory_in_use_is_refused() {

@@ -1,5 +1,5 @@
 //! A producer thread: it owns some streams, one append session per connection of each
-//! (pipelined on a keep-alive connection, acknowledged in order), and sends batches on
+//! (its batches in flight on one connection, acknowledged in order), and sends batches on
 //! the schedule (open loop) or as acknowledgements free a slot (closed loop).
 //!
 //! Ack latency is the acknowledgement's arrival on the session's reader thread minus the

@@ -52,6 +52,8 @@ pub struct Settings {
     pub json_body_bytes_max: u64,
     /// Request body bytes one shard holds at once ([`Shared::body_memory`]).
     pub body_memory_bytes: u64,
+    /// Batches of one append session sequenced and not yet acknowledged, at most.
+    pub session_in_flight_max: u64,
     /// Response bytes one shard holds at once ([`Shared::responses`]).
     pub response_memory_bytes: u64,
     /// The request target plus every header name and value, at most.
@@ -96,9 +98,9 @@ pub const CONTROL_BODY_BYTES_MAX: u64 = 1 << 20;
 
 /// How large a request body may be, and what a refusal names as the limit.
 #[derive(Clone, Copy, Debug)]
-struct BodyLimit {
-    bytes: u64,
-    name: &'static str,
+pub(crate) struct BodyLimit {
+    pub(crate) bytes: u64,
+    pub(crate) name: &'static str,
 }
 
 /// Any body but an append's (`--http-body-bytes-max` is never below it).
@@ -107,7 +109,7 @@ const CONTROL_BODY_LIMIT: BodyLimit =
 
 impl Shared {
     /// An append's body in the binary framing.
-    fn append_body_limit(&self) -> BodyLimit {
+    pub(crate) fn append_body_limit(&self) -> BodyLimit {
         BodyLimit { bytes: self.settings.body_bytes_max, name: "--http-body-bytes-max" }
     }
 
@@ -117,7 +119,7 @@ impl Shared {
     }
 
     /// Nothing of the shard's body memory yet, to hold a request's body with.
-    fn body_memory(&self) -> BodyMemory {
+    pub(crate) fn body_memory(&self) -> BodyMemory {
         BodyMemory {
             permits: Vec::new(),
             bytes: 0,
@@ -129,7 +131,7 @@ impl Shared {
     /// Takes `bytes` more of the shard's body memory for `memory`, or refuses the
     /// request: nothing waits while holding some, so no two requests can wait on each
     /// other.
-    fn hold_body(&self, bytes: u64, memory: &mut BodyMemory) -> Result<(), ApiError> {
+    pub(crate) fn hold_body(&self, bytes: u64, memory: &mut BodyMemory) -> Result<(), ApiError> {
         if bytes == 0 {
             return Ok(());
         }
@@ -175,7 +177,7 @@ struct Held<T> {
 }
 
 /// What one request holds of its shard's body memory: given back when dropped.
-struct BodyMemory {
+pub(crate) struct BodyMemory {
     permits: Vec<StaticPermit>,
     bytes: u64,
     metrics: Arc<Metrics>,
@@ -477,6 +479,11 @@ async fn route(
                     ("delete_stream", bare(gate(Access::Admin, stream), verb).await)
                 }
                 (None, _) => ("stream", not_allowed("POST, GET, PATCH, DELETE")),
+                (Some("records"), Method::POST) if crate::append_session::is_session(&request) => {
+                    let verb =
+                        async { Ok(crate::append_session::open(shared, bucket, key, request)) };
+                    ("append_session", bare(gate(Access::Write, stream), verb).await)
+                }
                 (Some("records"), Method::POST) => {
                     let verb = append(shared, bucket, key, request);
                     ("append", bare(gate(Access::Write, stream), verb).await)
@@ -688,7 +695,7 @@ pub fn encoding(request: &Request<Incoming>) -> Result<Encoding, ApiError> {
     }
 }
 
-fn media_type(value: Option<&HeaderValue>) -> Option<String> {
+pub(crate) fn media_type(value: Option<&HeaderValue>) -> Option<String> {
     let value = value?.to_str().ok()?;
     Some(value.split(';').next().unwrap_or("").trim().to_ascii_lowercase())
 }

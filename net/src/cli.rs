@@ -943,7 +943,7 @@ fn options_body(args: &Args, prefix: &str) -> Result<Value, Failure> {
 }
 
 /// Batches in flight on the append session of `nova append`.
-const APPEND_IN_FLIGHT_MAX: usize = 8;
+const APPEND_IN_FLIGHT_MAX: usize = 64;
 /// Records in a batch unless `--batch` says otherwise.
 const APPEND_BATCH_DEFAULT: u64 = 1000;
 /// The largest `--batch` (limits.md: a batch holds at most this many records).

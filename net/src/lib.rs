@@ -18,6 +18,7 @@ pub(crate) use log_line;
 
 pub mod api;
 mod append_json;
+mod append_session;
 pub mod auth;
 pub mod body;
 pub mod cli;

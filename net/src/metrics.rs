@@ -15,6 +15,9 @@ use engine::uploader::UploaderStats;
 struct ShardCounters {
     /// (route, status) -> requests answered.
     requests: BTreeMap<(&'static str, u16), u64>,
+    /// status -> append session outcomes: batches acknowledged (200), and the errors
+    /// that ended sessions.
+    session_outcomes: BTreeMap<u16, u64>,
     connections_open: u64,
     connections_accepted: u64,
     connections_closed_idle: u64,
@@ -115,6 +118,11 @@ impl Metrics {
         });
     }
 
+    /// An append session acknowledged a batch (200), or ended with an error (its status).
+    pub fn session_outcome(&self, shard: usize, status: u16) {
+        self.with(shard, |c| *c.session_outcomes.entry(status).or_default() += 1);
+    }
+
     pub fn connection_opened(&self, shard: usize) {
         self.with(shard, |c| {
             c.connections_open += 1;
@@ -171,6 +179,7 @@ impl Metrics {
         auditor: &AuditorStats,
     ) -> String {
         let mut requests: BTreeMap<(&'static str, u16), u64> = BTreeMap::new();
+        let mut session_outcomes: BTreeMap<u16, u64> = BTreeMap::new();
         let mut out = String::new();
         out.push_str(
             "# HELP nova_http_requests_total HTTP requests answered, by route and status.\n",
@@ -183,6 +192,9 @@ impl Metrics {
                 for (key, n) in &counters.requests {
                     *requests.entry(*key).or_default() += n;
                 }
+                for (status, n) in &counters.session_outcomes {
+                    *session_outcomes.entry(*status).or_default() += n;
+                }
                 per_shard.push((shard, HTTP_PER_SHARD.map(|(_, _, _, read)| read(&counters))));
             }
         }
@@ -191,6 +203,14 @@ impl Metrics {
                 out,
                 "nova_http_requests_total{{route=\"{route}\",status=\"{status}\"}} {n}"
             );
+        }
+        out.push_str(
+            "# HELP nova_http_session_outcomes_total Append session outcomes by status: \
+             batches acknowledged (200), and the errors that ended sessions.\n\
+             # TYPE nova_http_session_outcomes_total counter\n",
+        );
+        for (status, n) in session_outcomes {
+            let _ = writeln!(out, "nova_http_session_outcomes_total{{status=\"{status}\"}} {n}");
         }
         for (i, (name, help, kind, _)) in HTTP_PER_SHARD.iter().enumerate() {
             let _ = writeln!(out, "# HELP {name} {help}, per shard.\n# TYPE {name} {kind}");

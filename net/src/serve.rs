@@ -19,11 +19,12 @@ use crate::server::{self, ServerConfig};
 /// The HTTP server's knobs; the engine's are `engine::node::engine_knobs()` and the S3
 /// store's [`S3_KNOBS`]. Together they are every knob (`tuning::KNOBS`), and `nova serve`
 /// takes each as a flag.
-pub const HTTP_KNOBS: [Knob; 13] = [
+pub const HTTP_KNOBS: [Knob; 14] = [
     tuning::HTTP_CONNECTIONS_MAX,
     tuning::HTTP_BODY_BYTES_MAX,
     tuning::HTTP_JSON_BODY_BYTES_MAX,
     tuning::HTTP_BODY_MEMORY_BYTES,
+    tuning::HTTP_SESSION_IN_FLIGHT_MAX,
     tuning::HTTP_RESPONSE_MEMORY_BYTES,
     tuning::HTTP_HEAD_BYTES_MAX,
     tuning::HTTP_IDLE_TIMEOUT_MS,
@@ -329,6 +330,7 @@ pub fn run(args: &[String]) -> Result<(), String> {
     settings.body_bytes_max = knob(&flags, tuning::HTTP_BODY_BYTES_MAX)?;
     settings.json_body_bytes_max = knob(&flags, tuning::HTTP_JSON_BODY_BYTES_MAX)?;
     settings.body_memory_bytes = knob(&flags, tuning::HTTP_BODY_MEMORY_BYTES)?;
+    settings.session_in_flight_max = knob(&flags, tuning::HTTP_SESSION_IN_FLIGHT_MAX)?;
     // A JSON body is held twice: as it arrives, and joined for the parser.
     for (limit, times, held) in [
         (tuning::HTTP_BODY_BYTES_MAX, 1, settings.body_bytes_max),

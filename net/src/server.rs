@@ -55,6 +55,7 @@ impl ServerConfig {
                 body_bytes_max: tuning::HTTP_BODY_BYTES_MAX.default,
                 json_body_bytes_max: tuning::HTTP_JSON_BODY_BYTES_MAX.default,
                 body_memory_bytes: tuning::HTTP_BODY_MEMORY_BYTES.default,
+                session_in_flight_max: tuning::HTTP_SESSION_IN_FLIGHT_MAX.default,
                 response_memory_bytes: tuning::HTTP_RESPONSE_MEMORY_BYTES.default,
                 head_bytes_max: tuning::HTTP_HEAD_BYTES_MAX.default,
                 idle_timeout: Duration::from_millis(tuning::HTTP_IDLE_TIMEOUT_MS.default),

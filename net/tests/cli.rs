@@ -603,11 +603,12 @@ fn append_waits_out_a_throughput_cap() {
     assert!(String::from_utf8_lossy(&out.stdout).contains("appended 320 records"));
     let read = ok(&nova, &["read", "nova://cap/s"], None);
     assert!(read.lines().eq(lines.iter().map(String::as_str)), "every line once, in order");
-    // The cap did refuse some: the server counted its 429s.
+    // The cap did refuse some: the server counted its 429s (batches of the append's
+    // session).
     let refusals = nova.call("GET", "/metrics", None).text();
-    let throttled = refusals.lines().any(|line| {
-        line.starts_with("nova_http_requests_total{") && line.contains("status=\"429\"")
-    });
+    let throttled = refusals
+        .lines()
+        .any(|line| line.starts_with("nova_http_session_outcomes_total{status=\"429\"}"));
     assert!(throttled, "the cap never refused a batch: the test proves nothing");
 }
 

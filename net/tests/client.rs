@@ -148,15 +148,72 @@ fn append_session_pipelines_in_order(nova: &Nova) {
             .expect("read");
         assert_eq!(bodies(&page.records), ["0-0", "0-1", "0-2", "0-3", "1-0", "1-1", "1-2", "1-3"]);
     }
-    // An error answers its own batch and the session goes on.
-    let address = Address::new("cl-sess", "bin");
-    let mut session = client.append_session(&address, 4).expect("session");
+    // In JSON, a request per batch: an error answers its own batch and the next lands.
+    let json = Client::new(&nova.url).expect("url").with_format(Format::Json);
+    let address = Address::new("cl-sess", "json");
+    let mut session = json.append_session(&address, 4).expect("session");
     let wrong = Conditions { match_seq_num: Some(0), ..Default::default() };
     session.submit(&batch(&["x"]), &wrong).expect("submit");
     session.submit(&batch(&["y"]), &Conditions::default()).expect("submit");
     let acks = session.finish();
     assert_eq!(acks[0].result.as_ref().expect_err("refused").next_seq_num(), Some(1200));
     assert_eq!(acks[1].result.as_ref().expect("appended").start.seq_num, 1200);
+    // A streamed session ends at a refused batch: the server takes nothing after it, and
+    // says so for each batch behind it; the next batch goes on a new request.
+    let address = Address::new("cl-sess", "bin");
+    let mut session = client.append_session(&address, 8).expect("session");
+    session.submit(&batch(&["ok"]), &Conditions::default()).expect("submit");
+    session.submit(&batch(&["x"]), &wrong).expect("submit");
+    session.submit(&batch(&["behind"]), &Conditions::default()).expect("submit");
+    let acks: Vec<_> = (0..3).map(|_| session.recv().expect("an answer")).collect();
+    assert_eq!(acks[0].result.as_ref().expect("appended").start.seq_num, 1200);
+    let refused = acks[1].result.as_ref().expect_err("refused");
+    assert_eq!((refused.code(), refused.next_seq_num()), (Some("failed_precondition"), Some(1201)));
+    assert!(!refused.outcome_unknown());
+    let behind = acks[2].result.as_ref().expect_err("not taken");
+    assert_eq!(behind.code(), Some("failed_precondition"));
+    assert!(behind.to_string().contains("refused batch 1 before this one"), "{behind}");
+    assert!(!behind.outcome_unknown(), "nothing behind a refusal landed");
+    session.submit(&batch(&["after"]), &Conditions::default()).expect("a new request");
+    let acks = session.finish();
+    assert_eq!(acks[0].ticket, 3);
+    assert_eq!(acks[0].result.as_ref().expect("appended").start.seq_num, 1201);
+    let page = client
+        .read(&address, &ReadOptions { start: Start::SeqNum(1199), ..Default::default() })
+        .expect("read");
+    assert_eq!(bodies(&page.records), ["299-3", "ok", "after"]);
+}
+
+/// A streamed session's batches become durable together: to a standard stream, whose
+/// batches wait up to its batch delay for an upload, one session's batches share their
+/// uploads instead of taking one each (a request per batch would be acknowledged one
+/// upload apart, each ack's tail at its own end).
+fn a_streamed_session_shares_uploads_among_its_batches(nova: &Nova) {
+    let client = Client::new(&nova.url).expect("url");
+    let mut bucket = Bucket::new("cl-std");
+    bucket.create_on_append = true;
+    bucket.defaults.class = Some(StorageClass::Standard);
+    client.ensure_bucket(&bucket).expect("bucket");
+    let address = Address::new("cl-std", "s");
+    const BATCHES: u64 = 40;
+    let mut session = client.append_session(&address, BATCHES as usize).expect("session");
+    for b in 0..BATCHES {
+        session.submit(&batch(&[&format!("{b}")]), &Conditions::default()).expect("submit");
+    }
+    let acks = session.finish();
+    let mut tails: Vec<u64> = acks
+        .iter()
+        .enumerate()
+        .map(|(i, ack)| {
+            let ack = ack.result.as_ref().expect("appended");
+            assert_eq!(ack.start.seq_num, i as u64, "in order");
+            ack.tail.seq_num
+        })
+        .collect();
+    tails.dedup();
+    assert!(tails.len() <= 4, "{BATCHES} batches acknowledged at tails {tails:?}");
+    let page = client.read(&address, &ReadOptions::default()).expect("read");
+    assert_eq!(page.records.len() as u64, BATCHES);
 }
 
 fn subscriptions_follow_in_both_framings(nova: &Nova) {
@@ -288,36 +345,45 @@ fn a_timeout_ends_a_call_the_server_never_answers() {
     }
 }
 
-/// A session left idle past the server's `--http-idle-timeout-ms` has its connection
-/// closed by the server; nothing was in flight, so its next batch goes on a new one and
-/// lands, after the first, in order.
+/// Sessions left idle past the server's `--http-idle-timeout-ms`: a JSON one (requests
+/// on a keep-alive connection) has its connection closed by the server, and with nothing
+/// in flight its next batch goes on a new one; a streamed one is a request still being
+/// answered, which the server never closes idle (a producer that appends now and then
+/// keeps its session). Both go on, in order.
 #[test]
-fn a_session_goes_on_after_the_server_closed_it_idle() {
+fn sessions_go_on_after_an_idle_spell() {
     let dir = tempfile::tempdir().expect("tempdir");
     let nova = Nova::start_with(&dir.path().join("data"), &["--http-idle-timeout-ms", "1000"], &[]);
-    // Calls on connections of their own (closed after each answer), so that the session's
-    // is the only one the server can close idle.
+    // Calls on connections of their own (closed after each answer), so that the sessions'
+    // are the only ones the server can close idle.
     nova.ok("POST", "/v1/buckets/idle", Some(r#"{"create_stream_on_append":true}"#), 201);
-    let client = Client::new(&nova.url).expect("url");
-    let address = Address::new("idle", "s");
-    let mut session = client.append_session(&address, 4).expect("session");
-    session.submit(&batch(&["before"]), &Conditions::default()).expect("submit");
-    assert_eq!(session.recv().expect("ack").result.expect("appended").start.seq_num, 0);
-    // The server counts the connections it closes idle: wait for the session's.
-    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(30);
-    while nova.metric("nova_http_connections_closed_idle_total") == 0 {
-        assert!(std::time::Instant::now() < deadline, "the server never closed the session");
-        std::thread::sleep(std::time::Duration::from_millis(50));
+    let mut sessions = Vec::new();
+    for (format, key) in [(Format::Json, "json"), (Format::Binary, "bin")] {
+        let client = Client::new(&nova.url).expect("url").with_format(format);
+        let address = Address::new("idle", key);
+        let mut session = client.append_session(&address, 4).expect("session");
+        session.submit(&batch(&["before"]), &Conditions::default()).expect("submit");
+        assert_eq!(session.recv().expect("ack").result.expect("appended").start.seq_num, 0);
+        sessions.push((client, address, session));
     }
-    session.submit(&batch(&["after"]), &Conditions::default()).expect("submit");
-    assert_eq!(session.recv().expect("ack").result.expect("appended").start.seq_num, 1);
-    let page = client.read(&address, &ReadOptions::default()).expect("read");
-    assert_eq!(bodies(&page.records), ["before", "after"]);
+    // The server counts the connections it closes idle: wait for the JSON session's. The
+    // streamed one has been idle as long.
+    common::wait_until("the JSON session's connection closed idle", || {
+        nova.metric("nova_http_connections_closed_idle_total") > 0
+    });
+    for (client, address, session) in &mut sessions {
+        session.submit(&batch(&["after"]), &Conditions::default()).expect("submit");
+        assert_eq!(session.recv().expect("ack").result.expect("appended").start.seq_num, 1);
+        let page = client.read(address, &ReadOptions::default()).expect("read");
+        assert_eq!(bodies(&page.records), ["before", "after"]);
+    }
+    assert_eq!(nova.metric("nova_http_connections_closed_idle_total"), 1, "only the JSON one's");
 }
 
 suite!(
     verbs_in_both_formats,
     append_session_pipelines_in_order,
+    a_streamed_session_shares_uploads_among_its_batches,
     subscriptions_follow_in_both_framings,
 );
 

@@ -949,6 +949,117 @@ fn subscription_bytes_bound_the_whole_subscription(nova: &Nova) {
     assert_eq!(end["next_seq_num"], 8);
 }
 
+/// What an append session's answer said, frame by frame.
+#[derive(Debug, PartialEq)]
+enum Said {
+    Ack { start: u64, end: u64 },
+    Error(Value),
+    End,
+}
+
+/// The frames of an append session's answer body.
+fn session_said(body: &[u8]) -> Vec<Said> {
+    use engine::framing::{Frame, decode_frame};
+    let mut said = Vec::new();
+    let mut at = 0;
+    while at < body.len() {
+        let (frame, used) = decode_frame(&body[at..]).expect("a valid frame").expect("whole");
+        said.push(match frame {
+            Frame::Ack { start, end, tail } => {
+                assert!(tail.seq_num >= end.seq_num, "the tail is at or past the batch");
+                Said::Ack { start: start.seq_num, end: end.seq_num }
+            }
+            Frame::Error(text) => Said::Error(serde_json::from_str(text).expect("JSON")),
+            Frame::End => Said::End,
+            other => panic!("a session answered with {other:?}"),
+        });
+        at += used;
+    }
+    said
+}
+
+/// One batch of an append session's body: its length, then its append body.
+fn session_batch(bodies: &[&str], match_seq_num: Option<u64>) -> Vec<u8> {
+    use engine::framing::{AppendBuilder, AppendConditions, session_batch_prefix};
+    let mut builder = AppendBuilder::new();
+    for body in bodies {
+        builder.push::<&[u8], &[u8]>(&[], body.as_bytes()).expect("fits");
+    }
+    let framed = builder.finish(&AppendConditions { match_seq_num, ..Default::default() });
+    let mut out = session_batch_prefix(framed.len()).expect("small").to_vec();
+    out.extend_from_slice(&framed);
+    out
+}
+
+/// Append sessions: a body of batches, each acknowledged in order by an ack frame, the
+/// answer closed by an end frame. A refused batch ends the session with an error frame
+/// after the acks of the batches before it, and nothing after it is appended. Every way
+/// a session's body can be wrong is refused by name, as the error frame that ends it.
+fn append_sessions_ack_in_order_and_end_at_a_refusal(nova: &Nova) {
+    nova.ok(
+        "POST",
+        "/v1/buckets/ses",
+        Some(r#"{"create_stream_on_append":true,"default_class":"express"}"#),
+        201,
+    );
+    let path = "/v1/streams/ses/s/records";
+    let media = [("content-type", "application/x-nova-records; session=true")];
+    let session = |body: &[u8]| {
+        let answer = nova.call_with("POST", path, &media, Some(body));
+        assert_eq!(answer.status, 200, "{}", answer.text());
+        assert_eq!(answer.header("content-type"), Some("application/x-nova-records; session=true"));
+        session_said(&answer.body)
+    };
+    let body = [
+        session_batch(&["a"], None),
+        session_batch(&["b"], Some(1)),
+        session_batch(&["c", "d"], None),
+    ]
+    .concat();
+    let ack = |start, end| Said::Ack { start, end };
+    assert_eq!(session(&body), [ack(0, 1), ack(1, 2), ack(2, 4), Said::End]);
+    assert_eq!(session(b""), [Said::End], "a session of no batch");
+    let refusal = |said: &Said, code: &str, names: &[&str]| {
+        let Said::Error(error) = said else { panic!("{said:?} is no error") };
+        assert_eq!(error["code"], code, "{error}");
+        let message = error["message"].as_str().expect("a message");
+        for name in names {
+            assert!(message.contains(name), "{message:?} does not name {name:?}");
+        }
+    };
+    // A refused batch ends it; the one behind is not appended.
+    let body = [
+        session_batch(&["e"], None),
+        session_batch(&["x"], Some(0)),
+        session_batch(&["behind"], None),
+    ]
+    .concat();
+    let said = session(&body);
+    assert_eq!(said.len(), 2, "{said:?}");
+    assert_eq!(said[0], ack(4, 5));
+    refusal(&said[1], "failed_precondition", &[]);
+    let Said::Error(error) = &said[1] else { unreachable!() };
+    assert_eq!(error["next_seq_num"], 5);
+    let tail = nova.ok("GET", "/v1/streams/ses/s/tail", None, 200);
+    assert_eq!(tail["tail"]["seq_num"], 5, "nothing after the refused batch");
+    // A batch past --http-body-bytes-max (1 MiB here), refused from its length.
+    let said = session(&(2u32 << 20).to_le_bytes());
+    refusal(&said[0], "invalid_argument", &["batch 0", "--http-body-bytes-max"]);
+    // A body that ends inside a batch, or inside a length.
+    let cut = [session_batch(&["f"], None), 100u32.to_le_bytes().to_vec(), vec![0; 10]].concat();
+    let said = session(&cut);
+    assert_eq!(said[0], ack(5, 6));
+    refusal(&said[1], "invalid_argument", &["ended inside batch 1"]);
+    let said = session(&[1, 0]);
+    refusal(&said[0], "invalid_argument", &["ended inside batch 0"]);
+    // A batch whose framing is wrong.
+    let nonsense = [9u32.to_le_bytes().as_slice(), b"\x07nonsense"].concat();
+    let said = session(&nonsense);
+    refusal(&said[0], "invalid_argument", &["framed body"]);
+    let tail = nova.ok("GET", "/v1/streams/ses/s/tail", None, 200);
+    assert_eq!(tail["tail"]["seq_num"], 6);
+}
+
 fn binary_framing_appends_and_reads(nova: &Nova) {
     use engine::framing::{AppendBuilder, AppendConditions, Frame, decode_frame};
     nova.ok(
@@ -1145,6 +1256,43 @@ fn failed_and_slow_requests_are_logged_with_their_request_id() {
     let lines: Vec<String> = request_lines(&["--http-log-slow-ms", "0"]);
     assert_eq!(lines.len(), 2, "{lines:?}");
     assert!(lines[0].contains("request_id=fine-1") && lines[0].contains("status=200"), "{lines:?}");
+}
+
+/// A node that stops ends its open append sessions: after the acks of what they had
+/// sequenced, an `unavailable` error frame says nothing more was taken, so the node exits
+/// 0 without waiting on a producer that sends nothing; what was acknowledged survives.
+#[test]
+fn sigterm_ends_open_append_sessions() {
+    use net::client::{Address, Batch, Client, Conditions, ReadOptions};
+    let dir = tempdir();
+    let data = dir.path().join("data");
+    let nova = Nova::start(&data);
+    nova.ok(
+        "POST",
+        "/v1/buckets/stop",
+        Some(r#"{"create_stream_on_append":true,"default_class":"express"}"#),
+        201,
+    );
+    let client = Client::new(&nova.url).expect("url");
+    let address = Address::new("stop", "s");
+    let mut session = client.append_session(&address, 4).expect("session");
+    let one = |body: &str| {
+        let mut batch = Batch::new();
+        batch.push::<&str, &str>(&[], body.as_bytes()).expect("fits");
+        batch
+    };
+    session.submit(&one("acked"), &Conditions::default()).expect("submit");
+    assert!(session.recv().expect("an ack").result.is_ok());
+    assert!(nova.terminate().success(), "the open session did not hold the stop");
+    // The session's answer already ended, with unavailable: the next batch meets it.
+    session.submit(&one("late"), &Conditions::default()).expect("submit");
+    let late = session.recv().expect("an answer").result.expect_err("the node stopped");
+    assert_eq!(late.code(), Some("unavailable"), "{late}");
+    let nova = Nova::start(&data);
+    let client = Client::new(&nova.url).expect("url");
+    let page = client.read(&address, &ReadOptions::default()).expect("read");
+    let bodies: Vec<&[u8]> = page.records.iter().map(|r| r.body.as_slice()).collect();
+    assert_eq!(bodies, [b"acked".as_slice()]);
 }
 
 #[test]
@@ -2250,6 +2398,7 @@ suite!(
     binary_subscription_bytes_bound_the_whole_subscription,
     binary_framing_appends_and_reads,
     a_binary_body_in_pieces_is_appended_whole,
+    append_sessions_ack_in_order_and_end_at_a_refusal,
 );
 
 /// Every limit of limits.md the other tests do not reach, at its edge: the value at the

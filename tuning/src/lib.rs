@@ -591,6 +591,18 @@ pub const HTTP_BODY_MEMORY_BYTES: Knob = Knob {
     reason: "--http-connections-max connections, each sending a body at its limit, could otherwise hold hundreds of GiB; 2 GiB takes one largest JSON append (held twice) or thousands of usual ones, beside --shard-memory-bytes",
 };
 
+/// Batches of one append session sequenced and not yet acknowledged.
+pub const HTTP_SESSION_IN_FLIGHT_MAX: Knob = Knob {
+    flag: "http-session-in-flight-max",
+    env: "NOVA_HTTP_SESSION_IN_FLIGHT_MAX",
+    unit: Unit::Count,
+    default: 1024,
+    min: 1,
+    max: 1 << 20,
+    help: "batches of one append session (a streamed append request) sequenced and not yet acknowledged; at the limit the session reads no further batch until the oldest is acknowledged, so its producer is slowed by TCP rather than refused; each batch's bytes are also held in --http-body-memory-bytes until it is acknowledged",
+    reason: "a session's batches become durable together, so its throughput is what it has in flight per acknowledgement latency: 1024 batches in a standard stream's 250 ms batch delay is about 4,000 batches a second from one producer, while an idle or slow session holds at most this many acknowledgements' state",
+};
+
 /// Response bytes one shard holds at once.
 pub const HTTP_RESPONSE_MEMORY_BYTES: Knob = Knob {
     flag: "http-response-memory-bytes",
@@ -720,6 +732,7 @@ pub const KNOBS: &[Knob] = &[
     HTTP_BODY_BYTES_MAX,
     HTTP_JSON_BODY_BYTES_MAX,
     HTTP_BODY_MEMORY_BYTES,
+    HTTP_SESSION_IN_FLIGHT_MAX,
     HTTP_RESPONSE_MEMORY_BYTES,
     HTTP_HEAD_BYTES_MAX,
     HTTP_IDLE_TIMEOUT_MS,

@@ -158,7 +158,17 @@ pub fn open_on(
             return Err(io::Error::new(io::ErrorKind::UnexpectedEof, "no response"));
         }
     }
-    let (status, headers) = read_head(&mut reader, &mut line)?;
+    streaming(reader, method, &mut line)
+}
+
+/// The response whose status line `reader` has just given (in `line`), its body read as
+/// it arrives.
+pub fn streaming<R: BufRead + Send + 'static>(
+    mut reader: R,
+    method: &str,
+    line: &mut String,
+) -> io::Result<Streaming> {
+    let (status, headers) = read_head(&mut reader, line)?;
     let find = |name: &str| headers.iter().find(|(n, _)| n == name).map(|(_, v)| v.clone());
     let body: Box<dyn BufRead + Send> = if method == "HEAD" || status == 204 || status == 304 {
         Box::new(io::empty())

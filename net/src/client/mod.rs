@@ -7,10 +7,10 @@
 //!   [`Client::ensure_bucket`].
 //! - Appends and reads speak the binary framing (`application/x-nova-records`) by
 //!   default, JSON with [`Format::Json`].
-//! - [`AppendSession`]: batches pipelined on one keep-alive connection (a writer and a
-//!   reader thread, at most `in_flight_max` unacknowledged), acknowledgements in order;
-//!   the server answers a connection's requests one at a time, so the pipelining saves
-//!   the round trip between batches, and more throughput takes more sessions.
+//! - [`AppendSession`]: batches on one connection (a writer and a reader thread, at most
+//!   `in_flight_max` unacknowledged), acknowledgements in order: in the binary framing
+//!   one append session request, whose batches in flight become durable together; in
+//!   JSON a request per batch, pipelined.
 //! - [`Subscription`]: an iterator over a subscription, binary framing by default, SSE on
 //!   request.
 //! - Retries only what is safe: reads, metadata reads, and appends that carry
@@ -654,6 +654,9 @@ fn decode_frames(bytes: &[u8], out: &mut Vec<Record>) -> Result<Option<(u64, Pos
                 ));
             }
             Frame::Error(text) => return Err(api_error_frame(text)),
+            Frame::Ack { .. } => {
+                return Err(Error::Protocol("a read page holds an append session's ack".into()));
+            }
             Frame::Heartbeat(_) | Frame::End => {}
         }
     }
@@ -674,14 +677,15 @@ fn push_records(run: &engine::chunk::Records<'_>, out: &mut Vec<Record>) -> Resu
     Ok(())
 }
 
-fn api_error_frame(text: &str) -> Error {
+pub(super) fn api_error_frame(text: &str) -> Error {
     let body: Value = serde_json::from_str(text).unwrap_or(Value::Null);
     match (body["code"].as_str(), body["message"].as_str()) {
         (Some(code), Some(message)) => Error::Api(ApiError {
             status: 0,
             code: code.to_owned(),
             message: message.to_owned(),
-            retry_after_seconds: None,
+            // An append session's error frame says it in the body (no header to say it in).
+            retry_after_seconds: body["retry_after_seconds"].as_u64(),
             body,
         }),
         _ => Error::Protocol(format!("an error frame that is not an error object: {text}")),
@@ -1213,7 +1217,7 @@ fn next(page: &Value) -> Option<String> {
 
 /// Reads exactly one frame (`u32` length, then that many bytes) into `buf`; false at a
 /// clean end of the stream before any byte.
-fn read_frame(reader: &mut dyn io::BufRead, buf: &mut Vec<u8>) -> io::Result<bool> {
+pub(super) fn read_frame(reader: &mut dyn io::BufRead, buf: &mut Vec<u8>) -> io::Result<bool> {
     buf.clear();
     buf.resize(4, 0);
     let mut got = 0;

@@ -1,12 +1,26 @@
-//! An append session: batches for one stream pipelined on one keep-alive HTTP/1.1
-//! connection, acknowledged in order (producers.md: "appends to one stream from one
-//! connection are acknowledged in order"; a producer may pipeline).
+//! An append session: batches for one stream on one connection, acknowledged in order
+//! (producers.md: "appends to one stream from one connection are acknowledged in
+//! order"; a producer may pipeline).
 //!
-//! The caller's thread frames each batch into a request buffer and hands it to a writer
-//! thread, which writes whatever is queued and flushes when the queue is empty; a reader
-//! thread reads the answers in order. At most `in_flight_max` requests are unacknowledged:
-//! [`AppendSession::submit`] waits for an acknowledgement beyond that. Request buffers
-//! go back to the caller for reuse, so a steady session allocates nothing per batch.
+//! In the binary framing (the default) a session is one streamed request (`docs/api.md`,
+//! "Append sessions"): each batch goes out as soon as it is submitted, the server
+//! sequences them in order and acknowledges each once durable, and every batch in flight
+//! becomes durable together, so one session carries what it has in flight per
+//! acknowledgement latency. In JSON it is a request per batch, pipelined on one
+//! keep-alive connection, which the server answers one at a time.
+//!
+//! The caller's thread encodes each batch into a buffer and hands it to a writer thread,
+//! which writes whatever is queued and flushes when the queue is empty; a reader thread
+//! reads the answers in order. At most `in_flight_max` batches are unacknowledged:
+//! [`AppendSession::submit`] waits for an acknowledgement beyond that. Buffers go back
+//! to the caller for reuse, so a steady session allocates nothing per batch.
+//!
+//! A streamed session ends at a batch the server refuses: that batch's answer is the
+//! error, and every batch submitted after it is answered with the same error code (its
+//! message says which batch was refused), because the server took none of them; the
+//! next [`AppendSession::submit`] after those answers starts a new request. An error
+//! whose outcome is unknown ([`Error::outcome_unknown`]) is passed on to the batches
+//! behind it the same way, as unknown.
 //!
 //! A session never resends: when its connection fails, every batch in flight is answered
 //! with [`Error::Io`] (it may or may not have landed) and the session is closed; open a
@@ -22,8 +36,16 @@ use std::sync::mpsc::{self, Receiver, Sender, SyncSender, TryRecvError};
 use std::thread::JoinHandle;
 use std::time::{Duration, Instant};
 
+use engine::framing::{self, Frame};
+
 use super::http::{self, Server};
-use super::{Ack, Address, Batch, Conditions, Error, Format, RECORDS_MEDIA_TYPE, Result};
+use super::{
+    Ack, Address, ApiError, Batch, Conditions, Error, Format, Position, Result, api_error_frame,
+    read_frame,
+};
+
+/// A streamed session's request `Content-Type` (the server's `append_session.rs`).
+const SESSION_MEDIA_TYPE: &str = "application/x-nova-records; session=true";
 
 /// One acknowledgement, in submission order.
 #[derive(Debug)]
@@ -38,6 +60,9 @@ pub struct SessionAck {
 /// Batches pipelined on one connection; see the module docs.
 pub struct AppendSession {
     format: Format,
+    /// The batch before which the server ended the streamed request (refused it): the
+    /// batches in flight are behind it, and the next submit starts a new request.
+    ended: bool,
     path: String,
     server: Server,
     timeout: Option<Duration>,
@@ -57,14 +82,33 @@ struct Connection {
     acks: Receiver<SessionAck>,
     spare: Receiver<Vec<u8>>,
     stream: TcpStream,
-    threads: Vec<JoinHandle<()>>,
+    writer: Option<JoinHandle<()>>,
+    reader: Option<JoinHandle<()>>,
+    /// Nothing is in flight: the writer is not stuck on a server that stopped reading,
+    /// so the connection is closed in order (the last chunk of a streamed request sent
+    /// before the socket is shut).
+    idle: bool,
 }
 
 impl Connection {
-    fn open(server: &Server, in_flight_max: usize, timeout: Option<Duration>) -> Result<Self> {
+    /// A connection for `format`'s batches to `path`: for the binary framing, the
+    /// session's request head is written at once.
+    fn open(
+        server: &Server,
+        path: &str,
+        format: Format,
+        in_flight_max: usize,
+        timeout: Option<Duration>,
+    ) -> Result<Self> {
         let io_error =
             |error| Error::Io { what: format!("connect to {}", server.authority), error };
-        let stream = TcpStream::connect(&server.authority).map_err(io_error)?;
+        let mut stream = TcpStream::connect(&server.authority).map_err(io_error)?;
+        if format == Format::Binary {
+            let mut head = Vec::with_capacity(256);
+            let headers = [("content-type", SESSION_MEDIA_TYPE), ("transfer-encoding", "chunked")];
+            http::encode_head(&mut head, "POST", path, server, &headers, None);
+            stream.write_all(&head).map_err(io_error)?;
+        }
         stream.set_nodelay(true).map_err(io_error)?;
         // Socket options: the halves below share them. The reader reads only while a
         // batch is in flight, so an idle session never times out.
@@ -76,13 +120,18 @@ impl Connection {
         let (spare_tx, spare) = mpsc::sync_channel::<Vec<u8>>(in_flight_max);
         let (sent, sent_rx) = mpsc::channel::<(u64, Instant)>();
         let (acks_tx, acks) = mpsc::channel::<SessionAck>();
+        // A streamed request's body ends with the last chunk.
+        let last: &'static [u8] = if format == Format::Binary { b"0\r\n\r\n" } else { b"" };
         let writer = std::thread::Builder::new()
             .name("nova-append-writer".into())
-            .spawn(move || write_loop(write_half, &requests_rx, &spare_tx))
+            .spawn(move || write_loop(write_half, &requests_rx, &spare_tx, last))
             .map_err(|error| Error::Io { what: "start the writer thread".into(), error })?;
         let reader = std::thread::Builder::new()
             .name("nova-append-reader".into())
-            .spawn(move || read_loop(read_half, &sent_rx, &acks_tx))
+            .spawn(move || match format {
+                Format::Binary => read_stream(read_half, &sent_rx, &acks_tx),
+                Format::Json => read_loop(read_half, &sent_rx, &acks_tx),
+            })
             .map_err(|error| Error::Io { what: "start the reader thread".into(), error })?;
         Ok(Connection {
             requests: Some(requests),
@@ -90,7 +139,9 @@ impl Connection {
             acks,
             spare,
             stream,
-            threads: vec![writer, reader],
+            writer: Some(writer),
+            reader: Some(reader),
+            idle: false,
         })
     }
 
@@ -117,13 +168,25 @@ impl Connection {
 
 impl Drop for Connection {
     fn drop(&mut self) {
-        // Closing the channels ends the writer; shutting the socket ends the reader.
+        // Closing the channels ends the writer (after its last chunk) and the reader;
+        // shutting the socket ends either when it waits on the server.
         self.requests = None;
         self.sent = None;
+        if self.idle
+            && let Some(writer) = self.writer.take()
+        {
+            let _ = writer.join();
+        }
         let _ = self.stream.shutdown(Shutdown::Both);
-        for thread in self.threads.drain(..) {
+        for thread in [self.writer.take(), self.reader.take()].into_iter().flatten() {
             let _ = thread.join();
         }
+    }
+}
+
+impl Drop for AppendSession {
+    fn drop(&mut self) {
+        self.connection.idle = self.in_flight == 0;
     }
 }
 
@@ -136,16 +199,18 @@ impl AppendSession {
         timeout: Option<Duration>,
     ) -> Result<Self> {
         let in_flight_max = in_flight_max.max(1);
+        let path = format!("{}/records", address.path());
         Ok(Self {
+            connection: Connection::open(server, &path, format, in_flight_max, timeout)?,
             format,
-            path: format!("{}/records", address.path()),
+            ended: false,
+            path,
             server: server.clone(),
             timeout,
             in_flight_max,
             in_flight: 0,
             next_ticket: 0,
             ready: VecDeque::new(),
-            connection: Connection::open(server, in_flight_max, timeout)?,
             failed: false,
         })
     }
@@ -161,9 +226,19 @@ impl AppendSession {
             // Its connection failed (module docs): open a new session.
             return Err(closed());
         }
-        if self.in_flight == 0 && self.connection.closed_by_server() {
+        if self.ended {
+            // Every batch still in flight is behind the one the server ended the request
+            // at: their answers, copies of its error, are on their way.
+            self.wait_for_all();
+            self.reopen()?;
+        } else if self.in_flight == 0
+            && self.format == Format::Json
+            && self.connection.closed_by_server()
+        {
             // Nothing was in flight on it, so nothing is lost: go on on a new connection.
-            self.connection = Connection::open(&self.server, self.in_flight_max, self.timeout)?;
+            // (A streamed session's connection is never idle to the server: its request
+            // is still being answered.)
+            self.reopen()?;
         }
         while self.in_flight >= self.in_flight_max {
             let ack = self.connection.acks.recv().map_err(|_| closed())?;
@@ -174,15 +249,14 @@ impl AppendSession {
         buffer.clear();
         match self.format {
             Format::Binary => {
-                http::encode_head(
-                    &mut buffer,
-                    "POST",
-                    &self.path,
-                    &self.server,
-                    &[("content-type", RECORDS_MEDIA_TYPE)],
-                    Some(batch.framed_len(conditions)),
-                );
+                // One chunk of the request body: the batch's length, then the batch.
+                let len = batch.framed_len(conditions);
+                let prefix = framing::session_batch_prefix(len)
+                    .map_err(|e| Error::Invalid(format!("a batch too large to frame: {e}")))?;
+                buffer.extend_from_slice(format!("{:x}\r\n", prefix.len() + len).as_bytes());
+                buffer.extend_from_slice(&prefix);
                 batch.write_framed(conditions, &mut buffer)?;
+                buffer.extend_from_slice(b"\r\n");
             }
             Format::Json => {
                 let (body, base64) = batch.to_json(conditions)?;
@@ -223,7 +297,36 @@ impl AppendSession {
     /// An acknowledgement came off the connection.
     fn arrived(&mut self, ack: &SessionAck) {
         self.in_flight -= 1;
-        self.failed |= matches!(ack.result, Err(Error::Io { .. }));
+        match &ack.result {
+            Err(Error::Io { .. }) => self.failed = true,
+            Err(_) if self.format == Format::Binary => self.ended = true,
+            _ => {}
+        }
+    }
+
+    /// Moves every acknowledgement still due into `ready`.
+    fn wait_for_all(&mut self) {
+        while self.in_flight > 0 {
+            let Ok(ack) = self.connection.acks.recv() else { return };
+            self.arrived(&ack);
+            self.ready.push_back(ack);
+        }
+    }
+
+    /// A new connection (and, in the binary framing, a new request) for what comes next.
+    /// Nothing is in flight on the last one.
+    fn reopen(&mut self) -> Result<()> {
+        let connection = &mut self.connection;
+        connection.idle = true;
+        *connection = Connection::open(
+            &self.server,
+            &self.path,
+            self.format,
+            self.in_flight_max,
+            self.timeout,
+        )?;
+        self.ended = false;
+        Ok(())
     }
 
     /// Batches sent and not yet returned by [`AppendSession::recv`].
@@ -275,8 +378,14 @@ fn closed() -> Error {
     }
 }
 
-/// Writes queued requests, batching what is queued into one flush.
-fn write_loop(stream: TcpStream, requests: &Receiver<Vec<u8>>, spare: &SyncSender<Vec<u8>>) {
+/// Writes queued requests (or a streamed request's chunks), batching what is queued into
+/// one flush; `last` once the session closes.
+fn write_loop(
+    stream: TcpStream,
+    requests: &Receiver<Vec<u8>>,
+    spare: &SyncSender<Vec<u8>>,
+    last: &[u8],
+) {
     let mut out = BufWriter::with_capacity(256 << 10, stream);
     while let Ok(mut request) = requests.recv() {
         loop {
@@ -295,6 +404,7 @@ fn write_loop(stream: TcpStream, requests: &Receiver<Vec<u8>>, spare: &SyncSende
         }
     }
     // The session is closing: no more requests on this connection.
+    let _ = out.write_all(last);
     let _ = out.flush();
     let _ = out.get_ref().shutdown(Shutdown::Write);
 }
@@ -344,5 +454,147 @@ fn lost(kind: std::io::ErrorKind, why: &str) -> Error {
     Error::Io {
         what: "append session (the batch may or may not have landed)".into(),
         error: std::io::Error::new(kind, why.to_owned()),
+    }
+}
+
+/// How a streamed session ended, passed on to every batch behind the one it ended at.
+enum Ended {
+    /// The server answered batch `ticket` with this error (an error frame, or an error
+    /// answer to the whole request).
+    At { ticket: u64, error: ApiError },
+    /// The connection failed, or the answer was not one the API gives.
+    Lost(std::io::ErrorKind, String),
+}
+
+impl Ended {
+    fn answer(&self) -> Error {
+        match self {
+            Ended::At { ticket, error } => {
+                let mut error = error.clone();
+                error.message = if Error::Api(error.clone()).outcome_unknown() {
+                    format!(
+                        "batch {ticket} before this one in the session failed, so this one may \
+                         or may not have landed: {}",
+                        error.message
+                    )
+                } else {
+                    format!(
+                        "not appended: the server refused batch {ticket} before this one in the \
+                         session, and took nothing after it: {}",
+                        error.message
+                    )
+                };
+                Error::Api(error)
+            }
+            Ended::Lost(kind, why) => lost(*kind, why),
+        }
+    }
+}
+
+/// Why a streamed session's answer holds no next ack.
+enum Cut {
+    /// An error frame, or an error answer to the whole request.
+    Refused(ApiError),
+    /// The connection failed, or the answer was not one the API gives.
+    Lost(std::io::ErrorKind, String),
+}
+
+impl Cut {
+    fn lost(error: &std::io::Error) -> Self {
+        Cut::Lost(error.kind(), error.to_string())
+    }
+
+    fn from_error(error: Error) -> Self {
+        match error {
+            Error::Api(api) => Cut::Refused(api),
+            Error::Io { error, .. } => Cut::lost(&error),
+            other => Cut::Lost(std::io::ErrorKind::InvalidData, other.to_string()),
+        }
+    }
+
+    /// The answer of batch `ticket`, where the session ended, and how it ended.
+    fn at(self, ticket: u64) -> (Error, Ended) {
+        match self {
+            Cut::Refused(error) => (Error::Api(error.clone()), Ended::At { ticket, error }),
+            Cut::Lost(kind, why) => (lost(kind, &why), Ended::Lost(kind, why)),
+        }
+    }
+}
+
+/// Reads a streamed session's answer: its head, then one ack frame per ticket, in order.
+/// Once it ends (an error frame, an error answer, a failed connection), answers every
+/// remaining ticket from how it ended.
+fn read_stream(stream: TcpStream, sent: &Receiver<(u64, Instant)>, acks: &Sender<SessionAck>) {
+    let socket = stream.try_clone().ok();
+    let mut head = Some(BufReader::with_capacity(64 << 10, stream));
+    let mut body = None;
+    let mut frame = Vec::new();
+    let mut ended: Option<Ended> = None;
+    while let Ok((ticket, at)) = sent.recv() {
+        let result = match &ended {
+            Some(end) => Err(end.answer()),
+            None => next_ack(&mut head, &mut body, &mut frame).map_err(|cut| {
+                let (error, end) = cut.at(ticket);
+                if matches!(end, Ended::Lost(..))
+                    && let Some(socket) = &socket
+                {
+                    // Nothing more goes out on it.
+                    let _ = socket.shutdown(Shutdown::Both);
+                }
+                ended = Some(end);
+                error
+            }),
+        };
+        if acks.send(SessionAck { ticket, result, latency: at.elapsed() }).is_err() {
+            return;
+        }
+    }
+}
+
+/// The next ack of a streamed session's answer, reading its head first if it has not
+/// come yet.
+fn next_ack(
+    head: &mut Option<BufReader<TcpStream>>,
+    body: &mut Option<Box<dyn std::io::BufRead + Send>>,
+    frame: &mut Vec<u8>,
+) -> std::result::Result<Ack, Cut> {
+    use std::io::BufRead as _;
+    if let Some(mut reader) = head.take() {
+        let mut line = String::new();
+        if reader.read_line(&mut line).map_err(|e| Cut::lost(&e))? == 0 {
+            let closed = "the server closed the connection";
+            return Err(Cut::Lost(std::io::ErrorKind::UnexpectedEof, closed.into()));
+        }
+        let answer = http::streaming(reader, "POST", &mut line).map_err(|e| Cut::lost(&e))?;
+        if answer.status != 200 {
+            let response = answer.finish().map_err(|e| Cut::lost(&e))?;
+            return Err(Cut::from_error(Error::from_response(&response)));
+        }
+        *body = Some(answer.body);
+    }
+    let cut_short = || {
+        let why = "the session's answer ended before this batch's ack";
+        Cut::Lost(std::io::ErrorKind::UnexpectedEof, why.into())
+    };
+    let Some(body) = body.as_mut() else { return Err(cut_short()) };
+    if !read_frame(&mut **body, frame).map_err(|e| Cut::lost(&e))? {
+        return Err(cut_short());
+    }
+    let invalid = |why: String| Cut::Lost(std::io::ErrorKind::InvalidData, why);
+    match framing::decode_frame(frame) {
+        Ok(Some((Frame::Ack { start, end, tail }, _))) => {
+            let at = |p: engine::position::Position| Position {
+                seq_num: p.seq_num,
+                timestamp: p.timestamp,
+            };
+            Ok(Ack { start: at(start), end: at(end), tail: at(tail) })
+        }
+        Ok(Some((Frame::Error(text), _))) => Err(Cut::from_error(api_error_frame(text))),
+        Ok(Some((Frame::End, _))) => Err(cut_short()),
+        Ok(Some((Frame::Records(_) | Frame::Heartbeat(_) | Frame::PageEnd { .. }, _))) => {
+            Err(invalid("an append session's answer holds a read's frame".into()))
+        }
+        Ok(None) => Err(invalid("an append session's frame is cut short".into())),
+        Err(e) => Err(invalid(format!("an append session's frame is corrupt: {e}"))),
     }
 }

@@ -123,6 +123,9 @@ impl Subscription {
                 })),
                 Frame::End => Ok(None),
                 Frame::Error(text) => Err(api_error_frame(text)),
+                Frame::Ack { .. } => {
+                    Err(Error::Protocol("a subscription sent an append session's ack".into()))
+                }
             };
         }
     }

@@ -1,0 +1,426 @@
+//! Append sessions: one append request (`Content-Type: application/x-nova-records;
+//! session=true`) whose body is a stream of batches, each its `u32` length and then an
+//! append body in the binary framing, and whose answer is a stream of frames: an ack
+//! frame per batch, in order, then an end frame once the body has ended, or an error
+//! frame that ends it (`docs/format.md`, "Append sessions").
+//!
+//! A session is how one producer keeps many batches in flight on one connection: HTTP/1.1
+//! answers a connection's requests one at a time, so pipelined requests are acknowledged
+//! one acknowledgement latency apart, while a session's batches become durable together
+//! (producers.md: a producer may pipeline, and one connection's appends are acknowledged
+//! in order).
+//!
+//! Two tasks serve a session. The reader takes the body apart, and hands each batch to
+//! the stream's leader, waiting only until the leader has sequenced it
+//! (`Client::append_sequenced`) before taking the next: its batches take their places
+//! in the order they came. The acker waits for each batch to be durable, in that order,
+//! and writes its ack. A batch refused (a limit, a condition, a fencing token, a framing
+//! error) ends the session: the reader takes nothing after it, the acker writes the
+//! acks of the batches before it and then the error frame, so a producer knows that
+//! every batch after its last ack did not land (or, for an error whose outcome is
+//! unknown, `internal` or `unavailable`, may not have).
+//!
+//! Bounds: at most `--http-session-in-flight-max` batches sequenced and not yet
+//! acknowledged (the reader then waits, and TCP slows the producer), each holding its
+//! bytes in the shard's body memory until acknowledged; acks queue in a channel of
+//! [`ACK_CHUNKS_QUEUED_MAX`] chunks, so a producer that stops reading them stops its
+//! session, not the shard. A batch's bytes are refused past `--http-body-bytes-max`, as a
+//! single append's body is. Between batches a session may be idle for as long as it
+//! likes (a producer that appends now and then); inside a batch, bytes that stop coming
+//! for `--http-idle-timeout-ms` end it. A node that stops ends every session after the
+//! batches it has sequenced are acknowledged, with `unavailable`.
+
+use std::cell::Cell;
+use std::collections::VecDeque;
+use std::rc::Rc;
+
+use bytes::Bytes;
+use engine::framing::{self, FramedBody};
+use engine::names::{BucketName, StreamKey};
+use engine::node::PendingAck;
+use engine::notify::Notify;
+use engine::shard::AppendRequest;
+use futures_lite::future::or;
+use http_body_util::BodyExt as _;
+use hyper::body::Incoming;
+use hyper::header::{self, HeaderValue};
+use hyper::{Request, Response};
+
+use crate::api::{self, BodyMemory, Shared};
+use crate::body::{Body, Chunk};
+use crate::error::ApiError;
+
+/// The request's `Content-Type` parameter that makes an append a session (and the
+/// answer's).
+pub const SESSION_PARAM: &str = "session=true";
+/// Chunks of acks queued for a session's client before its acker waits.
+pub const ACK_CHUNKS_QUEUED_MAX: usize = 4;
+
+/// Whether the request's `Content-Type` is the binary framing with `session=true`.
+pub fn is_session(request: &Request<Incoming>) -> bool {
+    let Some(value) = request.headers().get(header::CONTENT_TYPE) else { return false };
+    let Ok(value) = value.to_str() else { return false };
+    let mut parts = value.split(';').map(str::trim);
+    parts.next().is_some_and(|media| media.eq_ignore_ascii_case(api::RECORDS_MEDIA_TYPE))
+        && parts.any(|p| p.eq_ignore_ascii_case(SESSION_PARAM))
+}
+
+/// Starts a session on the request: its answer (200, the frames streamed) at once.
+pub fn open(
+    shared: &Rc<Shared>,
+    bucket: &BucketName,
+    key: &StreamKey,
+    request: Request<Incoming>,
+) -> Response<Body> {
+    let in_flight_max = usize::try_from(shared.settings.session_in_flight_max).unwrap_or(1).max(1);
+    let (pending, in_order) = flume::bounded(in_flight_max);
+    let (chunks, answer) = flume::bounded(ACK_CHUNKS_QUEUED_MAX);
+    let state = Rc::new(State::default());
+    let reader = Reader {
+        shared: Rc::clone(shared),
+        bucket: bucket.clone(),
+        key: key.clone(),
+        body: request.into_body(),
+        buffered: Buffered::default(),
+        pending,
+        state: Rc::clone(&state),
+    };
+    glommio::spawn_local(reader.run()).detach();
+    glommio::spawn_local(acknowledge(Rc::clone(shared), in_order, chunks, state)).detach();
+    let mut response = Response::new(Body::stream(answer));
+    let media = format!("{}; {SESSION_PARAM}", api::RECORDS_MEDIA_TYPE);
+    let headers = response.headers_mut();
+    headers.insert(header::CONTENT_TYPE, HeaderValue::from_str(&media).expect("ASCII"));
+    headers.insert(header::CACHE_CONTROL, HeaderValue::from_static("no-cache"));
+    response
+}
+
+/// What the reader hands the acker, in the session's order.
+enum Pending {
+    /// A sequenced batch, and the body memory its bytes hold until it is acknowledged.
+    Batch(PendingAck, BodyMemory),
+    /// Why the session ends here: nothing after it was taken.
+    Refused(ApiError),
+}
+
+/// What the session's two tasks share.
+#[derive(Default)]
+struct State {
+    /// Batches sequenced and not yet acknowledged.
+    in_flight: Cell<usize>,
+    /// The acker has finished (the answer is over): the reader stops.
+    over: Cell<bool>,
+    /// Moves when a batch is acknowledged or the acker finishes.
+    changed: Notify,
+}
+
+impl State {
+    fn acknowledged(&self) {
+        self.in_flight.set(self.in_flight.get() - 1);
+        self.changed.notify();
+    }
+}
+
+/// The acker's end, however it comes: the reader learns the session is over.
+struct Over(Rc<State>);
+
+impl Drop for Over {
+    fn drop(&mut self) {
+        self.0.over.set(true);
+        self.0.changed.notify();
+    }
+}
+
+/// Body bytes read and not yet taken, in the pieces hyper read them in.
+#[derive(Default)]
+struct Buffered {
+    pieces: VecDeque<Bytes>,
+    len: usize,
+}
+
+impl Buffered {
+    fn push(&mut self, piece: Bytes) {
+        self.len += piece.len();
+        self.pieces.push_back(piece);
+    }
+
+    /// The first `n` bytes, as slices of the pieces (no copy). `n <= self.len`.
+    fn take(&mut self, mut n: usize) -> Vec<Bytes> {
+        self.len -= n;
+        let mut taken = Vec::new();
+        while n > 0 {
+            let front = self.pieces.front_mut().expect("n <= len");
+            if front.len() <= n {
+                n -= front.len();
+                taken.push(self.pieces.pop_front().expect("a front"));
+            } else {
+                taken.push(front.split_to(n));
+                n = 0;
+            }
+        }
+        taken
+    }
+
+    /// The next batch's length prefix, taken. `self.len >= 4`.
+    fn take_prefix(&mut self) -> u32 {
+        let mut prefix = [0u8; 4];
+        let mut at = 0;
+        for piece in self.take(4) {
+            prefix[at..at + piece.len()].copy_from_slice(&piece);
+            at += piece.len();
+        }
+        u32::from_le_bytes(prefix)
+    }
+}
+
+/// Why the reader stopped filling its buffer.
+enum Stop {
+    /// The body ended.
+    Ended,
+    /// The session is over (the acker finished) or the node stops.
+    Over,
+    /// The session ends with this error.
+    Refused(ApiError),
+}
+
+struct Reader {
+    shared: Rc<Shared>,
+    bucket: BucketName,
+    key: StreamKey,
+    body: Incoming,
+    buffered: Buffered,
+    pending: flume::Sender<Pending>,
+    state: Rc<State>,
+}
+
+impl Reader {
+    async fn run(mut self) {
+        let end = self.batches().await;
+        if let Some(error) = end {
+            // Queued behind every batch taken, so their acks go first.
+            let _ = self.pending.send_async(Pending::Refused(error)).await;
+        }
+    }
+
+    /// Takes batches until the body ends (None) or the session ends with an error.
+    async fn batches(&mut self) -> Option<ApiError> {
+        let limit = self.shared.append_body_limit();
+        for batch in 0u64.. {
+            match self.fill(4, false).await {
+                Ok(()) => {}
+                Err(Stop::Ended) if self.buffered.len == 0 => return None,
+                Err(Stop::Ended) => return Some(cut_short(batch)),
+                Err(Stop::Over) => return self.stopping(),
+                Err(Stop::Refused(error)) => return Some(error),
+            }
+            let len = self.buffered.take_prefix();
+            if u64::from(len) > limit.bytes {
+                return Some(ApiError::invalid(format!(
+                    "batch {batch} of the session is {len} bytes, over the limit of {} bytes \
+                     ({})",
+                    limit.bytes, limit.name
+                )));
+            }
+            let memory = match self.hold(u64::from(len)).await {
+                Ok(memory) => memory,
+                Err(stop) => return self.stopped(stop, batch),
+            };
+            if let Err(stop) = self.fill(len as usize, true).await {
+                return self.stopped(stop, batch);
+            }
+            let framed = FramedBody::from_pieces(self.buffered.take(len as usize));
+            let request = AppendRequest { framed, offered: None };
+            match self.shared.client.append_sequenced(&self.bucket, &self.key, request).await {
+                Ok(ack) => {
+                    self.state.in_flight.set(self.state.in_flight.get() + 1);
+                    if self.pending.send_async(Pending::Batch(ack, memory)).await.is_err() {
+                        return None;
+                    }
+                }
+                Err(error) => return Some(ApiError::from(error)),
+            }
+        }
+        None
+    }
+
+    /// Why the session ends once the reader stopped inside batch `batch`.
+    fn stopped(&self, stop: Stop, batch: u64) -> Option<ApiError> {
+        match stop {
+            Stop::Ended => Some(cut_short(batch)),
+            Stop::Over => self.stopping(),
+            Stop::Refused(error) => Some(error),
+        }
+    }
+
+    /// The node stops (unavailable: the producer goes on elsewhere), or the acker has
+    /// already ended the session (nothing more to say).
+    fn stopping(&self) -> Option<ApiError> {
+        self.shared.stopping.is_set().then(|| {
+            ApiError::from_code(
+                engine::Code::Unavailable,
+                "the server is stopping: batches of the session after the last acknowledged \
+                 one were not appended",
+            )
+        })
+    }
+
+    /// Reads until `n` bytes are buffered. `in_batch`: they belong to a batch begun, so
+    /// a pause of `--http-idle-timeout-ms` refuses it; between batches the body may be
+    /// idle for good.
+    async fn fill(&mut self, n: usize, in_batch: bool) -> Result<(), Stop> {
+        enum Event {
+            Frame(Option<Result<hyper::body::Frame<Bytes>, hyper::Error>>),
+            Stalled,
+            Over,
+        }
+        let Reader { shared, body, buffered, state, .. } = self;
+        let idle = shared.settings.idle_timeout;
+        while buffered.len < n {
+            if state.over.get() || shared.stopping.is_set() {
+                return Err(Stop::Over);
+            }
+            let seen = state.changed.generation();
+            let begun = in_batch || buffered.len > 0;
+            let frame = async { Event::Frame(body.frame().await) };
+            let stalled = async {
+                if !begun {
+                    std::future::pending::<()>().await;
+                }
+                glommio::timer::sleep(idle).await;
+                Event::Stalled
+            };
+            let over = async {
+                or(state.changed.changed(seen), shared.stopping.wait()).await;
+                Event::Over
+            };
+            match or(frame, or(stalled, over)).await {
+                Event::Over => {}
+                Event::Stalled => {
+                    return Err(Stop::Refused(ApiError::invalid(format!(
+                        "the session's body stalled inside a batch: no byte of it for {} ms \
+                         (--http-idle-timeout-ms)",
+                        idle.as_millis()
+                    ))));
+                }
+                Event::Frame(None) => return Err(Stop::Ended),
+                // Trailers, the only other kind of frame, carry nothing nova reads.
+                Event::Frame(Some(Ok(frame))) => {
+                    if let Ok(piece) = frame.into_data() {
+                        buffered.push(piece);
+                    }
+                }
+                // Between batches, a body that fails is a client gone: nothing is lost.
+                Event::Frame(Some(Err(_))) if !begun => return Err(Stop::Ended),
+                Event::Frame(Some(Err(error))) => {
+                    return Err(Stop::Refused(ApiError::invalid(format!(
+                        "reading the session's body failed: {error}"
+                    ))));
+                }
+            }
+        }
+        Ok(())
+    }
+
+    /// `bytes` of the shard's body memory for the next batch: waits while batches of
+    /// this session are in flight (their acks give theirs back), refuses otherwise.
+    async fn hold(&self, bytes: u64) -> Result<BodyMemory, Stop> {
+        loop {
+            let seen = self.state.changed.generation();
+            let mut memory = self.shared.body_memory();
+            match self.shared.hold_body(bytes, &mut memory) {
+                Ok(()) => return Ok(memory),
+                Err(error) if self.state.in_flight.get() == 0 => return Err(Stop::Refused(error)),
+                Err(_) => {}
+            }
+            if self.state.over.get() {
+                return Err(Stop::Over);
+            }
+            or(self.state.changed.changed(seen), self.shared.stopping.wait()).await;
+            if self.shared.stopping.is_set() {
+                return Err(Stop::Over);
+            }
+        }
+    }
+}
+
+fn cut_short(batch: u64) -> ApiError {
+    ApiError::invalid(format!("the session's body ended inside batch {batch}"))
+}
+
+/// Writes the acks of the reader's batches in order, then the end frame, or the error
+/// frame that ends the session.
+async fn acknowledge(
+    shared: Rc<Shared>,
+    in_order: flume::Receiver<Pending>,
+    chunks: flume::Sender<Chunk>,
+    state: Rc<State>,
+) {
+    let _over = Over(Rc::clone(&state));
+    let mut out = Vec::new();
+    loop {
+        let next = match in_order.try_recv() {
+            Ok(next) => next,
+            Err(flume::TryRecvError::Empty) => {
+                // Whatever is ready goes out before waiting for more.
+                if !flush(&chunks, &mut out).await {
+                    return;
+                }
+                match in_order.recv_async().await {
+                    Ok(next) => next,
+                    Err(_) => break,
+                }
+            }
+            Err(flume::TryRecvError::Disconnected) => break,
+        };
+        let result = match next {
+            Pending::Batch(ack, memory) => {
+                let mut durable = std::pin::pin!(ack.durable());
+                let result = match futures_lite::future::poll_once(&mut durable).await {
+                    Some(result) => result,
+                    None => {
+                        if !flush(&chunks, &mut out).await {
+                            return;
+                        }
+                        durable.await
+                    }
+                };
+                drop(memory);
+                state.acknowledged();
+                result.map_err(ApiError::from)
+            }
+            Pending::Refused(error) => Err(error),
+        };
+        let status = result.as_ref().map_or_else(|error| error.status.as_u16(), |_| 200);
+        shared.metrics.session_outcome(shared.shard, status);
+        match result {
+            Ok(ack) => framing::encode_ack(ack.start, ack.end, ack.tail, &mut out),
+            Err(error) => {
+                framing::encode_error(&error_json(&error), &mut out);
+                flush(&chunks, &mut out).await;
+                return;
+            }
+        }
+    }
+    // The body ended and every batch is acknowledged.
+    framing::encode_end(&mut out);
+    flush(&chunks, &mut out).await;
+}
+
+/// The error frame's JSON: the API's error object, with `retry_after_seconds` where the
+/// answer to a single append would carry `Retry-After`.
+fn error_json(error: &ApiError) -> String {
+    let mut json = error.to_json();
+    if let (Some(seconds), Some(object)) = (error.retry_after_seconds, json.as_object_mut()) {
+        object.insert("retry_after_seconds".into(), seconds.into());
+    }
+    json.to_string()
+}
+
+/// Sends what `out` holds; false when the client is gone.
+async fn flush(chunks: &flume::Sender<Chunk>, out: &mut Vec<u8>) -> bool {
+    if out.is_empty() {
+        return !chunks.is_disconnected();
+    }
+    let bytes = Bytes::from(std::mem::take(out));
+    chunks.send_async(Chunk::from(bytes)).await.is_ok()
+}
