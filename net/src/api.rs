@@ -184,6 +184,13 @@ pub(crate) struct BodyMemory {
     shard: usize,
 }
 
+impl BodyMemory {
+    /// The bytes held.
+    pub(crate) fn bytes(&self) -> u64 {
+        self.bytes
+    }
+}
+
 impl Drop for BodyMemory {
     fn drop(&mut self) {
         self.metrics.body_bytes_released(self.shard, self.bytes);

@@ -21,14 +21,17 @@
 //! unknown, `internal` or `unavailable`, may not have).
 //!
 //! Bounds: at most `--http-session-in-flight-max` batches sequenced and not yet
-//! acknowledged (the reader then waits, and TCP slows the producer), each holding its
-//! bytes in the shard's body memory until acknowledged; acks queue in a channel of
-//! [`ACK_CHUNKS_QUEUED_MAX`] chunks, so a producer that stops reading them stops its
-//! session, not the shard. A batch's bytes are refused past `--http-body-bytes-max`, as a
-//! single append's body is. Between batches a session may be idle for as long as it
-//! likes (a producer that appends now and then); inside a batch, bytes that stop coming
-//! for `--http-idle-timeout-ms` end it. A node that stops ends every session after the
-//! batches it has sequenced are acknowledged, with `unavailable`.
+//! acknowledged (the reader then waits, and TCP slows the producer); a batch's bytes are
+//! held in the shard's body memory as they arrive (a session with batches in flight
+//! waits for their acks to give theirs back rather than be refused) until it is
+//! acknowledged; acks queue in a channel of [`ACK_CHUNKS_QUEUED_MAX`] chunks, so a
+//! producer that stops reading them stops its session, not the shard. A batch's length
+//! is refused past `--http-body-bytes-max`, as a single append's body is. Inside a batch,
+//! bytes that stop coming for `--http-idle-timeout-ms` end the session with an error;
+//! between batches, with every batch acknowledged, that long a pause ends it cleanly
+//! (an end frame: nothing is in flight, and the client opens another when it has more),
+//! so an idle session does not hold a connection for good. A node that stops ends every
+//! session after the batches it has sequenced are acknowledged, with `unavailable`.
 
 use std::cell::Cell;
 use std::collections::VecDeque;
@@ -73,7 +76,8 @@ pub fn open(
     request: Request<Incoming>,
 ) -> Response<Body> {
     let in_flight_max = usize::try_from(shared.settings.session_in_flight_max).unwrap_or(1).max(1);
-    let (pending, in_order) = flume::bounded(in_flight_max);
+    // The batches in flight and the error that may end them.
+    let (pending, in_order) = flume::bounded(in_flight_max + 1);
     let (chunks, answer) = flume::bounded(ACK_CHUNKS_QUEUED_MAX);
     let state = Rc::new(State::default());
     let reader = Reader {
@@ -115,6 +119,18 @@ struct State {
 }
 
 impl State {
+    /// Waits for the state to move past `seen`; `Stop::Over` once the session is over
+    /// or the node stops.
+    async fn wait(&self, shared: &Shared, seen: u64) -> Result<(), Stop> {
+        if !self.over.get() && !shared.stopping.is_set() {
+            or(self.changed.changed(seen), shared.stopping.wait()).await;
+        }
+        if self.over.get() || shared.stopping.is_set() {
+            return Err(Stop::Over);
+        }
+        Ok(())
+    }
+
     fn acknowledged(&self) {
         self.in_flight.set(self.in_flight.get() - 1);
         self.changed.notify();
@@ -177,6 +193,8 @@ impl Buffered {
 enum Stop {
     /// The body ended.
     Ended,
+    /// Nothing came between batches for the idle timeout, with every batch acknowledged.
+    Idle,
     /// The session is over (the acker finished) or the node stops.
     Over,
     /// The session ends with this error.
@@ -206,8 +224,15 @@ impl Reader {
     async fn batches(&mut self) -> Option<ApiError> {
         let limit = self.shared.append_body_limit();
         for batch in 0u64.. {
-            match self.fill(4, false).await {
+            if self.shared.stopping.is_set() {
+                return self.stopping();
+            }
+            match self.fill(4, None).await {
                 Ok(()) => {}
+                Err(Stop::Idle) => {
+                    self.shared.metrics.session_ended_idle(self.shared.shard);
+                    return None;
+                }
                 Err(Stop::Ended) if self.buffered.len == 0 => return None,
                 Err(Stop::Ended) => return Some(cut_short(batch)),
                 Err(Stop::Over) => return self.stopping(),
@@ -221,11 +246,11 @@ impl Reader {
                     limit.bytes, limit.name
                 )));
             }
-            let memory = match self.hold(u64::from(len)).await {
-                Ok(memory) => memory,
-                Err(stop) => return self.stopped(stop, batch),
-            };
-            if let Err(stop) = self.fill(len as usize, true).await {
+            let mut memory = self.shared.body_memory();
+            if let Err(stop) = self.fill(len as usize, Some(&mut memory)).await {
+                return self.stopped(stop, batch);
+            }
+            if let Err(stop) = self.room().await {
                 return self.stopped(stop, batch);
             }
             let framed = FramedBody::from_pieces(self.buffered.take(len as usize));
@@ -243,10 +268,24 @@ impl Reader {
         None
     }
 
+    /// Waits until fewer than `--http-session-in-flight-max` batches of the session are
+    /// sequenced and unacknowledged.
+    async fn room(&self) -> Result<(), Stop> {
+        let max = usize::try_from(self.shared.settings.session_in_flight_max).unwrap_or(usize::MAX);
+        while self.state.in_flight.get() >= max {
+            let seen = self.state.changed.generation();
+            if self.state.in_flight.get() < max {
+                break;
+            }
+            self.state.wait(&self.shared, seen).await?;
+        }
+        Ok(())
+    }
+
     /// Why the session ends once the reader stopped inside batch `batch`.
     fn stopped(&self, stop: Stop, batch: u64) -> Option<ApiError> {
         match stop {
-            Stop::Ended => Some(cut_short(batch)),
+            Stop::Ended | Stop::Idle => Some(cut_short(batch)),
             Stop::Over => self.stopping(),
             Stop::Refused(error) => Some(error),
         }
@@ -264,44 +303,60 @@ impl Reader {
         })
     }
 
-    /// Reads until `n` bytes are buffered. `in_batch`: they belong to a batch begun, so
-    /// a pause of `--http-idle-timeout-ms` refuses it; between batches the body may be
-    /// idle for good.
-    async fn fill(&mut self, n: usize, in_batch: bool) -> Result<(), Stop> {
+    /// Reads until `n` bytes are buffered. With `memory` they belong to a batch begun:
+    /// each byte of it is held in the shard's body memory as it arrives, and a pause of
+    /// `--http-idle-timeout-ms` refuses it. Between batches, the session is ended (cleanly:
+    /// nothing is in flight) once it has been idle that long with nothing to acknowledge.
+    async fn fill(&mut self, n: usize, mut memory: Option<&mut BodyMemory>) -> Result<(), Stop> {
         enum Event {
             Frame(Option<Result<hyper::body::Frame<Bytes>, hyper::Error>>),
-            Stalled,
-            Over,
+            Idle,
+            Moved,
         }
         let Reader { shared, body, buffered, state, .. } = self;
         let idle = shared.settings.idle_timeout;
-        while buffered.len < n {
+        loop {
+            if let Some(memory) = memory.as_deref_mut() {
+                let due = buffered.len.min(n) as u64 - memory.bytes();
+                if due > 0 {
+                    hold(shared, state, due, memory).await?;
+                }
+            }
+            if buffered.len >= n {
+                return Ok(());
+            }
             if state.over.get() || shared.stopping.is_set() {
                 return Err(Stop::Over);
             }
             let seen = state.changed.generation();
-            let begun = in_batch || buffered.len > 0;
+            let begun = memory.is_some() || buffered.len > 0;
+            // Idle: inside a batch, always counted; between batches, only once every
+            // batch is acknowledged (an ack moves the state, and the count starts anew).
+            let timed = begun || state.in_flight.get() == 0;
             let frame = async { Event::Frame(body.frame().await) };
-            let stalled = async {
-                if !begun {
+            let quiet = async {
+                if !timed {
                     std::future::pending::<()>().await;
                 }
                 glommio::timer::sleep(idle).await;
-                Event::Stalled
+                Event::Idle
             };
-            let over = async {
-                or(state.changed.changed(seen), shared.stopping.wait()).await;
-                Event::Over
+            let moved = async {
+                state.wait(shared, seen).await.ok();
+                Event::Moved
             };
-            match or(frame, or(stalled, over)).await {
-                Event::Over => {}
-                Event::Stalled => {
+            match or(frame, or(quiet, moved)).await {
+                Event::Moved => {}
+                Event::Idle if begun => {
                     return Err(Stop::Refused(ApiError::invalid(format!(
                         "the session's body stalled inside a batch: no byte of it for {} ms \
                          (--http-idle-timeout-ms)",
                         idle.as_millis()
                     ))));
                 }
+                // Nothing in flight, nothing begun: the producer opens another when it
+                // has more, and the connection is not held for good.
+                Event::Idle => return Err(Stop::Idle),
                 Event::Frame(None) => return Err(Stop::Ended),
                 // Trailers, the only other kind of frame, carry nothing nova reads.
                 Event::Frame(Some(Ok(frame))) => {
@@ -318,27 +373,23 @@ impl Reader {
                 }
             }
         }
-        Ok(())
     }
+}
 
-    /// `bytes` of the shard's body memory for the next batch: waits while batches of
-    /// this session are in flight (their acks give theirs back), refuses otherwise.
-    async fn hold(&self, bytes: u64) -> Result<BodyMemory, Stop> {
-        loop {
-            let seen = self.state.changed.generation();
-            let mut memory = self.shared.body_memory();
-            match self.shared.hold_body(bytes, &mut memory) {
-                Ok(()) => return Ok(memory),
-                Err(error) if self.state.in_flight.get() == 0 => return Err(Stop::Refused(error)),
-                Err(_) => {}
-            }
-            if self.state.over.get() {
-                return Err(Stop::Over);
-            }
-            or(self.state.changed.changed(seen), self.shared.stopping.wait()).await;
-            if self.shared.stopping.is_set() {
-                return Err(Stop::Over);
-            }
+/// `bytes` more of the shard's body memory for a batch's `memory`: waits while batches
+/// of the session are in flight (their acks give theirs back), refuses otherwise.
+async fn hold(
+    shared: &Shared,
+    state: &State,
+    bytes: u64,
+    memory: &mut BodyMemory,
+) -> Result<(), Stop> {
+    loop {
+        let seen = state.changed.generation();
+        match shared.hold_body(bytes, memory) {
+            Ok(()) => return Ok(()),
+            Err(error) if state.in_flight.get() == 0 => return Err(Stop::Refused(error)),
+            Err(_) => state.wait(shared, seen).await?,
         }
     }
 }

@@ -599,7 +599,7 @@ pub const HTTP_SESSION_IN_FLIGHT_MAX: Knob = Knob {
     default: 1024,
     min: 1,
     max: 1 << 20,
-    help: "batches of one append session (a streamed append request) sequenced and not yet acknowledged; at the limit the session reads no further batch until the oldest is acknowledged, so its producer is slowed by TCP rather than refused; each batch's bytes are also held in --http-body-memory-bytes until it is acknowledged",
+    help: "batches of one append session (a streamed append request) sequenced and not yet acknowledged; at the limit the session takes no further batch until the oldest is acknowledged, so its producer is slowed by TCP rather than refused; each batch's bytes are also held in --http-body-memory-bytes, as they arrive, until it is acknowledged",
     reason: "a session's batches become durable together, so its throughput is what it has in flight per acknowledgement latency: 1024 batches in a standard stream's 250 ms batch delay is about 4,000 batches a second from one producer, while an idle or slow session holds at most this many acknowledgements' state",
 };
 

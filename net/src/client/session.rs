@@ -24,14 +24,17 @@
 //!
 //! A session never resends: when its connection fails, every batch in flight is answered
 //! with [`Error::Io`] (it may or may not have landed) and the session is closed; open a
-//! new one, and use `match_seq_num` to make the resend land once. A connection the server
-//! closed with nothing in flight (idle past its `--http-idle-timeout-ms`) loses nothing:
-//! the next batch goes on a new one.
+//! new one, and use `match_seq_num` to make the resend land once. A connection (or a
+//! streamed session) the server closed with nothing in flight (idle past its
+//! `--http-idle-timeout-ms`, or at its stop) loses nothing: the next batch goes on a new
+//! one.
 
 use std::collections::VecDeque;
 use std::io::{BufReader, BufWriter, Write as _};
 use std::net::{Shutdown, TcpStream};
 use std::os::fd::AsRawFd as _;
+use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::mpsc::{self, Receiver, Sender, SyncSender, TryRecvError};
 use std::thread::JoinHandle;
 use std::time::{Duration, Instant};
@@ -88,6 +91,10 @@ struct Connection {
     /// so the connection is closed in order (the last chunk of a streamed request sent
     /// before the socket is shut).
     idle: bool,
+    /// A streamed session's answer has begun (its head read): from then on, with nothing
+    /// in flight, any byte that comes (an end or an error frame) or the connection's end
+    /// means the session is over.
+    answering: Arc<AtomicBool>,
 }
 
 impl Connection {
@@ -120,6 +127,8 @@ impl Connection {
         let (spare_tx, spare) = mpsc::sync_channel::<Vec<u8>>(in_flight_max);
         let (sent, sent_rx) = mpsc::channel::<(u64, Instant)>();
         let (acks_tx, acks) = mpsc::channel::<SessionAck>();
+        let answering = Arc::new(AtomicBool::new(false));
+        let reading = Arc::clone(&answering);
         // A streamed request's body ends with the last chunk.
         let last: &'static [u8] = if format == Format::Binary { b"0\r\n\r\n" } else { b"" };
         let writer = std::thread::Builder::new()
@@ -129,7 +138,7 @@ impl Connection {
         let reader = std::thread::Builder::new()
             .name("nova-append-reader".into())
             .spawn(move || match format {
-                Format::Binary => read_stream(read_half, &sent_rx, &acks_tx),
+                Format::Binary => read_stream(read_half, &sent_rx, &acks_tx, &reading),
                 Format::Json => read_loop(read_half, &sent_rx, &acks_tx),
             })
             .map_err(|error| Error::Io { what: "start the reader thread".into(), error })?;
@@ -142,13 +151,19 @@ impl Connection {
             writer: Some(writer),
             reader: Some(reader),
             idle: false,
+            answering,
         })
     }
 
     /// Whether the server has closed the connection (it closes one idle for its
-    /// `--http-idle-timeout-ms`), seen without waiting. Asked only with nothing in flight,
-    /// when no answer is due and the reader thread is not reading.
-    fn closed_by_server(&self) -> bool {
+    /// `--http-idle-timeout-ms`), or ended the streamed session on it, seen without
+    /// waiting. Asked only with nothing in flight, when no answer is due and the reader
+    /// thread is not reading; for a streamed session, once its answer has begun (before
+    /// that, the bytes waiting are its head).
+    fn closed_by_server(&self, format: Format) -> bool {
+        if format == Format::Binary && !self.answering.load(Ordering::Acquire) {
+            return false;
+        }
         let mut probe = [0u8; 1];
         // SAFETY: recv(2) into a live one-byte buffer, on a socket this session owns;
         // MSG_PEEK leaves the byte where it is, MSG_DONTWAIT never blocks.
@@ -226,24 +241,21 @@ impl AppendSession {
             // Its connection failed (module docs): open a new session.
             return Err(closed());
         }
+        while self.in_flight >= self.in_flight_max {
+            let ack = self.connection.acks.recv().map_err(|_| closed())?;
+            self.arrived(&ack);
+            self.ready.push_back(ack);
+        }
         if self.ended {
             // Every batch still in flight is behind the one the server ended the request
             // at: their answers, copies of its error, are on their way.
             self.wait_for_all();
             self.reopen()?;
-        } else if self.in_flight == 0
-            && self.format == Format::Json
-            && self.connection.closed_by_server()
-        {
-            // Nothing was in flight on it, so nothing is lost: go on on a new connection.
-            // (A streamed session's connection is never idle to the server: its request
-            // is still being answered.)
+        } else if self.in_flight == 0 && self.connection.closed_by_server(self.format) {
+            // Nothing was in flight on it, so nothing is lost: go on on a new connection
+            // (a new session: the server ends one idle for its --http-idle-timeout-ms, or
+            // at its stop).
             self.reopen()?;
-        }
-        while self.in_flight >= self.in_flight_max {
-            let ack = self.connection.acks.recv().map_err(|_| closed())?;
-            self.arrived(&ack);
-            self.ready.push_back(ack);
         }
         let mut buffer = self.connection.spare.try_recv().unwrap_or_default();
         buffer.clear();
@@ -492,6 +504,7 @@ impl Ended {
 }
 
 /// Why a streamed session's answer holds no next ack.
+#[derive(Clone)]
 enum Cut {
     /// An error frame, or an error answer to the whole request.
     Refused(ApiError),
@@ -521,29 +534,41 @@ impl Cut {
     }
 }
 
-/// Reads a streamed session's answer: its head, then one ack frame per ticket, in order.
-/// Once it ends (an error frame, an error answer, a failed connection), answers every
-/// remaining ticket from how it ended.
-fn read_stream(stream: TcpStream, sent: &Receiver<(u64, Instant)>, acks: &Sender<SessionAck>) {
+/// Reads a streamed session's answer: its head at once (then `answering` is set, for
+/// [`Connection::closed_by_server`]), then one ack frame per ticket, in order. Once it
+/// ends (an error frame, an error answer, a failed connection), answers every remaining
+/// ticket from how it ended.
+fn read_stream(
+    stream: TcpStream,
+    sent: &Receiver<(u64, Instant)>,
+    acks: &Sender<SessionAck>,
+    answering: &AtomicBool,
+) {
     let socket = stream.try_clone().ok();
-    let mut head = Some(BufReader::with_capacity(64 << 10, stream));
-    let mut body = None;
+    let mut answer = open_answer(BufReader::with_capacity(64 << 10, stream));
+    answering.store(answer.is_ok(), Ordering::Release);
     let mut frame = Vec::new();
     let mut ended: Option<Ended> = None;
     while let Ok((ticket, at)) = sent.recv() {
         let result = match &ended {
             Some(end) => Err(end.answer()),
-            None => next_ack(&mut head, &mut body, &mut frame).map_err(|cut| {
-                let (error, end) = cut.at(ticket);
-                if matches!(end, Ended::Lost(..))
-                    && let Some(socket) = &socket
-                {
-                    // Nothing more goes out on it.
-                    let _ = socket.shutdown(Shutdown::Both);
-                }
-                ended = Some(end);
-                error
-            }),
+            None => {
+                let next = match &mut answer {
+                    Ok(body) => next_ack(body, &mut frame),
+                    Err(cut) => Err(cut.clone()),
+                };
+                next.map_err(|cut| {
+                    let (error, end) = cut.at(ticket);
+                    if matches!(end, Ended::Lost(..))
+                        && let Some(socket) = &socket
+                    {
+                        // Nothing more goes out on it.
+                        let _ = socket.shutdown(Shutdown::Both);
+                    }
+                    ended = Some(end);
+                    error
+                })
+            }
         };
         if acks.send(SessionAck { ticket, result, latency: at.elapsed() }).is_err() {
             return;
@@ -551,32 +576,41 @@ fn read_stream(stream: TcpStream, sent: &Receiver<(u64, Instant)>, acks: &Sender
     }
 }
 
-/// The next ack of a streamed session's answer, reading its head first if it has not
-/// come yet.
+/// A streamed session's answer head; its body, the frames, to read as they come.
+fn open_answer(
+    mut reader: BufReader<TcpStream>,
+) -> std::result::Result<Box<dyn std::io::BufRead + Send>, Cut> {
+    use std::io::BufRead as _;
+    let mut line = String::new();
+    if reader.read_line(&mut line).map_err(|e| Cut::lost(&e))? == 0 {
+        let closed = "the server closed the connection";
+        return Err(Cut::Lost(std::io::ErrorKind::UnexpectedEof, closed.into()));
+    }
+    let answer = http::streaming(reader, "POST", &mut line).map_err(|e| Cut::lost(&e))?;
+    if answer.status != 200 {
+        let response = answer.finish().map_err(|e| Cut::lost(&e))?;
+        return Err(Cut::from_error(Error::from_response(&response)));
+    }
+    let session = answer.header("content-type").is_some_and(|media| {
+        media.split(';').skip(1).any(|p| p.trim().eq_ignore_ascii_case("session=true"))
+    });
+    if !session {
+        let why = "the server answered an append session as something else (a server older \
+                   than append sessions?)";
+        return Err(Cut::Lost(std::io::ErrorKind::InvalidData, why.into()));
+    }
+    Ok(answer.body)
+}
+
+/// The next ack of a streamed session's answer.
 fn next_ack(
-    head: &mut Option<BufReader<TcpStream>>,
-    body: &mut Option<Box<dyn std::io::BufRead + Send>>,
+    body: &mut Box<dyn std::io::BufRead + Send>,
     frame: &mut Vec<u8>,
 ) -> std::result::Result<Ack, Cut> {
-    use std::io::BufRead as _;
-    if let Some(mut reader) = head.take() {
-        let mut line = String::new();
-        if reader.read_line(&mut line).map_err(|e| Cut::lost(&e))? == 0 {
-            let closed = "the server closed the connection";
-            return Err(Cut::Lost(std::io::ErrorKind::UnexpectedEof, closed.into()));
-        }
-        let answer = http::streaming(reader, "POST", &mut line).map_err(|e| Cut::lost(&e))?;
-        if answer.status != 200 {
-            let response = answer.finish().map_err(|e| Cut::lost(&e))?;
-            return Err(Cut::from_error(Error::from_response(&response)));
-        }
-        *body = Some(answer.body);
-    }
     let cut_short = || {
         let why = "the session's answer ended before this batch's ack";
         Cut::Lost(std::io::ErrorKind::UnexpectedEof, why.into())
     };
-    let Some(body) = body.as_mut() else { return Err(cut_short()) };
     if !read_frame(&mut **body, frame).map_err(|e| Cut::lost(&e))? {
         return Err(cut_short());
     }
