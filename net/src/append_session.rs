@@ -27,11 +27,13 @@
 //! acknowledged; acks queue in a channel of [`ACK_CHUNKS_QUEUED_MAX`] chunks, so a
 //! producer that stops reading them stops its session, not the shard. A batch's length
 //! is refused past `--http-body-bytes-max`, as a single append's body is. Inside a batch,
-//! bytes that stop coming for `--http-idle-timeout-ms` end the session with an error;
-//! between batches, with every batch acknowledged, that long a pause ends it cleanly
-//! (an end frame: nothing is in flight, and the client opens another when it has more),
-//! so an idle session does not hold a connection for good. A node that stops ends every
-//! session after the batches it has sequenced are acknowledged, with `unavailable`.
+//! bytes that stop coming for `--http-idle-timeout-ms` end the session with an error.
+//! Between batches a session may wait as long as its producer likes (one that appends
+//! now and then): the server never ends it there, since a batch on its way as it did
+//! would meet an ended session. Like a subscription it holds its connection meanwhile,
+//! within `--http-connections-max`, and a peer that vanished is found by TCP keepalive
+//! (`server.rs`). A node that stops ends every session after the batches it has
+//! sequenced are acknowledged, with `unavailable`.
 
 use std::cell::Cell;
 use std::collections::VecDeque;
@@ -193,8 +195,6 @@ impl Buffered {
 enum Stop {
     /// The body ended.
     Ended,
-    /// Nothing came between batches for the idle timeout, with every batch acknowledged.
-    Idle,
     /// The session is over (the acker finished) or the node stops.
     Over,
     /// The session ends with this error.
@@ -229,10 +229,6 @@ impl Reader {
             }
             match self.fill(4, None).await {
                 Ok(()) => {}
-                Err(Stop::Idle) => {
-                    self.shared.metrics.session_ended_idle(self.shared.shard);
-                    return None;
-                }
                 Err(Stop::Ended) if self.buffered.len == 0 => return None,
                 Err(Stop::Ended) => return Some(cut_short(batch)),
                 Err(Stop::Over) => return self.stopping(),
@@ -285,7 +281,7 @@ impl Reader {
     /// Why the session ends once the reader stopped inside batch `batch`.
     fn stopped(&self, stop: Stop, batch: u64) -> Option<ApiError> {
         match stop {
-            Stop::Ended | Stop::Idle => Some(cut_short(batch)),
+            Stop::Ended => Some(cut_short(batch)),
             Stop::Over => self.stopping(),
             Stop::Refused(error) => Some(error),
         }
@@ -305,12 +301,11 @@ impl Reader {
 
     /// Reads until `n` bytes are buffered. With `memory` they belong to a batch begun:
     /// each byte of it is held in the shard's body memory as it arrives, and a pause of
-    /// `--http-idle-timeout-ms` refuses it. Between batches, the session is ended (cleanly:
-    /// nothing is in flight) once it has been idle that long with nothing to acknowledge.
+    /// `--http-idle-timeout-ms` refuses it. Between batches the body may wait for good.
     async fn fill(&mut self, n: usize, mut memory: Option<&mut BodyMemory>) -> Result<(), Stop> {
         enum Event {
             Frame(Option<Result<hyper::body::Frame<Bytes>, hyper::Error>>),
-            Idle,
+            Stalled,
             Moved,
         }
         let Reader { shared, body, buffered, state, .. } = self;
@@ -330,33 +325,27 @@ impl Reader {
             }
             let seen = state.changed.generation();
             let begun = memory.is_some() || buffered.len > 0;
-            // Idle: inside a batch, always counted; between batches, only once every
-            // batch is acknowledged (an ack moves the state, and the count starts anew).
-            let timed = begun || state.in_flight.get() == 0;
             let frame = async { Event::Frame(body.frame().await) };
-            let quiet = async {
-                if !timed {
+            let stalled = async {
+                if !begun {
                     std::future::pending::<()>().await;
                 }
                 glommio::timer::sleep(idle).await;
-                Event::Idle
+                Event::Stalled
             };
             let moved = async {
                 state.wait(shared, seen).await.ok();
                 Event::Moved
             };
-            match or(frame, or(quiet, moved)).await {
+            match or(frame, or(stalled, moved)).await {
                 Event::Moved => {}
-                Event::Idle if begun => {
+                Event::Stalled => {
                     return Err(Stop::Refused(ApiError::invalid(format!(
                         "the session's body stalled inside a batch: no byte of it for {} ms \
                          (--http-idle-timeout-ms)",
                         idle.as_millis()
                     ))));
                 }
-                // Nothing in flight, nothing begun: the producer opens another when it
-                // has more, and the connection is not held for good.
-                Event::Idle => return Err(Stop::Idle),
                 Event::Frame(None) => return Err(Stop::Ended),
                 // Trailers, the only other kind of frame, carry nothing nova reads.
                 Event::Frame(Some(Ok(frame))) => {

@@ -22,7 +22,6 @@ struct ShardCounters {
     connections_accepted: u64,
     connections_closed_idle: u64,
     connections_closed_stalled: u64,
-    sessions_ended_idle: u64,
     requests_in_flight: u64,
     log_lines_suppressed: u64,
     body_bytes_held: u64,
@@ -33,7 +32,7 @@ struct ShardCounters {
 type HttpCounter = (&'static str, &'static str, &'static str, fn(&ShardCounters) -> u64);
 
 /// The HTTP counters `/metrics` gives per shard.
-const HTTP_PER_SHARD: [HttpCounter; 9] = [
+const HTTP_PER_SHARD: [HttpCounter; 8] = [
     ("nova_http_connections_open", "HTTP connections open", "gauge", |c| c.connections_open),
     ("nova_http_connections_accepted_total", "HTTP connections accepted", "counter", |c| {
         c.connections_accepted
@@ -49,12 +48,6 @@ const HTTP_PER_SHARD: [HttpCounter; 9] = [
         "HTTP connections closed after their client took no byte of an answer for --http-idle-timeout-ms",
         "counter",
         |c| c.connections_closed_stalled,
-    ),
-    (
-        "nova_http_sessions_ended_idle_total",
-        "Append sessions ended after --http-idle-timeout-ms without a batch, with every batch acknowledged",
-        "counter",
-        |c| c.sessions_ended_idle,
     ),
     ("nova_http_requests_in_flight", "HTTP requests being answered", "gauge", |c| {
         c.requests_in_flight
@@ -128,11 +121,6 @@ impl Metrics {
     /// An append session acknowledged a batch (200), or ended with an error (its status).
     pub fn session_outcome(&self, shard: usize, status: u16) {
         self.with(shard, |c| *c.session_outcomes.entry(status).or_default() += 1);
-    }
-
-    /// An append session was ended idle.
-    pub fn session_ended_idle(&self, shard: usize) {
-        self.with(shard, |c| c.sessions_ended_idle += 1);
     }
 
     pub fn connection_opened(&self, shard: usize) {

@@ -199,6 +199,7 @@ async fn serve_shard(
 async fn connection(shared: Rc<Shared>, stream: TcpStream, permit: StaticPermit) {
     shared.metrics.connection_opened(shared.shard);
     let _ = stream.set_nodelay(true);
+    keep_alive_probes(&stream);
     let handler = Rc::clone(&shared);
     // The connection's last caller, so a kept-alive connection's token is checked once.
     let callers = Rc::new(CallerCache::default());
@@ -365,6 +366,42 @@ impl Watchdog {
         }
     }
 }
+
+/// TCP keepalive on a connection: idle [`KEEPALIVE_IDLE_SECONDS`], then a probe every
+/// [`KEEPALIVE_INTERVAL_SECONDS`], dropped after [`KEEPALIVE_PROBES`] unanswered. A
+/// request may be answered for as long as its client likes without a byte moving (an
+/// append session between batches), which the idle watchdog counts as busy: a peer that
+/// vanished without a word (a host gone, a network cut) is found this way, in about two
+/// minutes, and its connection permit and memory given back.
+fn keep_alive_probes(stream: &TcpStream) {
+    use std::os::fd::AsRawFd as _;
+    let fd = stream.as_raw_fd();
+    let options = [
+        (libc::SOL_SOCKET, libc::SO_KEEPALIVE, 1),
+        (libc::IPPROTO_TCP, libc::TCP_KEEPIDLE, KEEPALIVE_IDLE_SECONDS),
+        (libc::IPPROTO_TCP, libc::TCP_KEEPINTVL, KEEPALIVE_INTERVAL_SECONDS),
+        (libc::IPPROTO_TCP, libc::TCP_KEEPCNT, KEEPALIVE_PROBES),
+    ];
+    for (level, name, value) in options {
+        // SAFETY: setsockopt(2) on a socket this connection owns, with a live c_int.
+        unsafe {
+            libc::setsockopt(
+                fd,
+                level,
+                name,
+                (&raw const value).cast(),
+                std::mem::size_of::<libc::c_int>() as libc::socklen_t,
+            );
+        }
+    }
+}
+
+/// Seconds a connection is quiet before TCP keepalive probes its peer.
+const KEEPALIVE_IDLE_SECONDS: libc::c_int = 60;
+/// Seconds between keepalive probes.
+const KEEPALIVE_INTERVAL_SECONDS: libc::c_int = 10;
+/// Unanswered probes before the connection is dropped.
+const KEEPALIVE_PROBES: libc::c_int = 6;
 
 /// A per-process number that tells request ids of different runs apart.
 fn boot_id() -> u32 {

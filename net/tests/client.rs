@@ -346,9 +346,11 @@ fn a_timeout_ends_a_call_the_server_never_answers() {
 }
 
 /// Sessions left idle past the server's `--http-idle-timeout-ms`: a JSON one (requests
-/// on a keep-alive connection) has its connection closed by the server, a streamed one
-/// its session ended (an end frame). Nothing was in flight, so each one's next batch goes
-/// on a new one and lands, in order.
+/// on a keep-alive connection) has its connection closed by the server, and with nothing
+/// in flight its next batch goes on a new one; a streamed one is a request still being
+/// answered, which the server never ends for being idle (a batch on its way then would
+/// meet an ended session), so a producer that appends now and then keeps it. Both go on,
+/// in order.
 #[test]
 fn sessions_go_on_after_an_idle_spell() {
     let dir = tempfile::tempdir().expect("tempdir");
@@ -365,10 +367,10 @@ fn sessions_go_on_after_an_idle_spell() {
         assert_eq!(session.recv().expect("ack").result.expect("appended").start.seq_num, 0);
         sessions.push((client, address, session));
     }
-    // The server counts the connections it closes idle, and the sessions it ends idle.
-    common::wait_until("both idle sessions closed", || {
+    // The server counts the connections it closes idle: wait for the JSON session's. The
+    // streamed one has been idle as long.
+    common::wait_until("the JSON session's connection closed idle", || {
         nova.metric("nova_http_connections_closed_idle_total") > 0
-            && nova.metric("nova_http_sessions_ended_idle_total") > 0
     });
     for (client, address, session) in &mut sessions {
         session.submit(&batch(&["after"]), &Conditions::default()).expect("submit");
@@ -376,6 +378,7 @@ fn sessions_go_on_after_an_idle_spell() {
         let page = client.read(address, &ReadOptions::default()).expect("read");
         assert_eq!(bodies(&page.records), ["before", "after"]);
     }
+    assert_eq!(nova.metric("nova_http_connections_closed_idle_total"), 1, "only the JSON one's");
 }
 
 suite!(

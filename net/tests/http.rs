@@ -1324,8 +1324,9 @@ fn append_sessions_keep_to_their_bounds() {
 /// A node that stops ends its open append sessions: after the acks of what they had
 /// sequenced, an `unavailable` error frame says nothing more was taken, so the node exits
 /// 0 without waiting on a producer that sends nothing; what was acknowledged survives.
-/// The client sees the session ended before its next batch, and sends it on a new
-/// connection (refused here: nothing listens any more), not into the ended session.
+/// The client sees the session ended before its next batch (an ack it has not taken
+/// yet counted), and sends it on a new connection (refused here: nothing listens any
+/// more), not into the ended session.
 #[test]
 fn sigterm_ends_open_append_sessions() {
     use net::client::{Address, Batch, Client, Conditions, ReadOptions};
@@ -1347,10 +1348,12 @@ fn sigterm_ends_open_append_sessions() {
         batch
     };
     session.submit(&one("acked"), &Conditions::default()).expect("submit");
-    assert!(session.recv().expect("an ack").result.is_ok());
+    // Its ack is left unread, so the session learns of the stop with it still to take.
+    common::wait_until("the ack sent", || nova.metric("nova_http_session_outcomes_total") == 1);
     assert!(nova.terminate().success(), "the open session did not hold the stop");
     let late = session.submit(&one("late"), &Conditions::default()).expect_err("no server");
     assert!(late.to_string().contains("connect to"), "{late}");
+    assert!(session.recv().expect("the ack").result.is_ok());
     let nova = Nova::start(&data);
     let client = Client::new(&nova.url).expect("url");
     let page = client.read(&address, &ReadOptions::default()).expect("read");

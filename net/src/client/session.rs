@@ -24,10 +24,11 @@
 //!
 //! A session never resends: when its connection fails, every batch in flight is answered
 //! with [`Error::Io`] (it may or may not have landed) and the session is closed; open a
-//! new one, and use `match_seq_num` to make the resend land once. A connection (or a
-//! streamed session) the server closed with nothing in flight (idle past its
-//! `--http-idle-timeout-ms`, or at its stop) loses nothing: the next batch goes on a new
-//! one.
+//! new one, and use `match_seq_num` to make the resend land once. A connection the
+//! server closed with nothing in flight (a JSON one idle past its
+//! `--http-idle-timeout-ms`; a streamed session at its stop, or with the server gone)
+//! loses nothing: the next batch goes on a new one. A streamed session is never ended by
+//! the server for being idle, so a producer that appends now and then keeps it.
 
 use std::collections::VecDeque;
 use std::io::{BufReader, BufWriter, Write as _};
@@ -155,7 +156,7 @@ impl Connection {
         })
     }
 
-    /// Whether the server has closed the connection (it closes one idle for its
+    /// Whether the server has closed the connection (it closes a JSON one idle for its
     /// `--http-idle-timeout-ms`), or ended the streamed session on it, seen without
     /// waiting. Asked only with nothing in flight, when no answer is due and the reader
     /// thread is not reading; for a streamed session, once its answer has begun (before
@@ -246,6 +247,11 @@ impl AppendSession {
             self.arrived(&ack);
             self.ready.push_back(ack);
         }
+        // Answers that have come count before the checks below.
+        while let Ok(ack) = self.connection.acks.try_recv() {
+            self.arrived(&ack);
+            self.ready.push_back(ack);
+        }
         if self.ended {
             // Every batch still in flight is behind the one the server ended the request
             // at: their answers, copies of its error, are on their way.
@@ -253,8 +259,8 @@ impl AppendSession {
             self.reopen()?;
         } else if self.in_flight == 0 && self.connection.closed_by_server(self.format) {
             // Nothing was in flight on it, so nothing is lost: go on on a new connection
-            // (a new session: the server ends one idle for its --http-idle-timeout-ms, or
-            // at its stop).
+            // (a JSON one the server closed idle; a streamed session it ended at its stop,
+            // or a connection gone with a server that died).
             self.reopen()?;
         }
         let mut buffer = self.connection.spare.try_recv().unwrap_or_default();
