@@ -291,11 +291,14 @@ impl Reader {
     /// already ended the session (nothing more to say).
     fn stopping(&self) -> Option<ApiError> {
         self.shared.stopping.is_set().then(|| {
-            ApiError::from_code(
+            let mut error = ApiError::from_code(
                 engine::Code::Unavailable,
                 "the server is stopping: batches of the session after the last acknowledged \
                  one were not appended",
-            )
+            );
+            // Unlike most `unavailable` answers, this one knows: nothing after was taken.
+            error.details.insert("not_appended".into(), true.into());
+            error
         })
     }
 

@@ -368,11 +368,13 @@ impl Watchdog {
 }
 
 /// TCP keepalive on a connection: idle [`KEEPALIVE_IDLE_SECONDS`], then a probe every
-/// [`KEEPALIVE_INTERVAL_SECONDS`], dropped after [`KEEPALIVE_PROBES`] unanswered. A
-/// request may be answered for as long as its client likes without a byte moving (an
-/// append session between batches), which the idle watchdog counts as busy: a peer that
-/// vanished without a word (a host gone, a network cut) is found this way, in about two
-/// minutes, and its connection permit and memory given back.
+/// [`KEEPALIVE_INTERVAL_SECONDS`], dropped after [`KEEPALIVE_PROBES`] unanswered; and
+/// bytes sent but not acknowledged by the peer for [`UNACKNOWLEDGED_MS_MAX`] drop it too
+/// (keepalive probes only a quiet connection; without this, retransmissions would take
+/// about 15 minutes). A request may be answered for as long as its client likes without
+/// a byte moving (an append session between batches), which the idle watchdog counts as
+/// busy: a peer that vanished without a word (a host gone, a network cut) is found this
+/// way, in about two minutes, and its connection permit and memory given back.
 fn keep_alive_probes(stream: &TcpStream) {
     use std::os::fd::AsRawFd as _;
     let fd = stream.as_raw_fd();
@@ -381,6 +383,7 @@ fn keep_alive_probes(stream: &TcpStream) {
         (libc::IPPROTO_TCP, libc::TCP_KEEPIDLE, KEEPALIVE_IDLE_SECONDS),
         (libc::IPPROTO_TCP, libc::TCP_KEEPINTVL, KEEPALIVE_INTERVAL_SECONDS),
         (libc::IPPROTO_TCP, libc::TCP_KEEPCNT, KEEPALIVE_PROBES),
+        (libc::IPPROTO_TCP, libc::TCP_USER_TIMEOUT, UNACKNOWLEDGED_MS_MAX),
     ];
     for (level, name, value) in options {
         // SAFETY: setsockopt(2) on a socket this connection owns, with a live c_int.
@@ -402,6 +405,10 @@ const KEEPALIVE_IDLE_SECONDS: libc::c_int = 60;
 const KEEPALIVE_INTERVAL_SECONDS: libc::c_int = 10;
 /// Unanswered probes before the connection is dropped.
 const KEEPALIVE_PROBES: libc::c_int = 6;
+/// Milliseconds sent bytes may go unacknowledged by the peer (`TCP_USER_TIMEOUT`). A
+/// client that is there but reads slowly acknowledges what it received (its window
+/// closes; the watchdog's write stall covers it).
+const UNACKNOWLEDGED_MS_MAX: libc::c_int = 120_000;
 
 /// A per-process number that tells request ids of different runs apart.
 fn boot_id() -> u32 {

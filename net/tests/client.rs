@@ -388,6 +388,39 @@ suite!(
     subscriptions_follow_in_both_framings,
 );
 
+/// A streamed session whose answer never began (its head not within the client's
+/// timeout: the server was at its connection limit, the connection waiting in its
+/// backlog) sent nothing: its next batch goes on a new connection, and lands.
+#[test]
+fn a_session_whose_answer_never_began_goes_on_on_a_new_connection() {
+    use std::time::Duration;
+    let dir = tempfile::tempdir().expect("tempdir");
+    let nova = Nova::start_with(
+        &dir.path().join("data"),
+        &["--http-connections-max", "1", "--shards", "1"],
+        &[],
+    );
+    // On a connection of its own (closed after the answer): a pooled one would hold the
+    // server's one connection.
+    nova.ok("POST", "/v1/buckets/full", Some(r#"{"create_stream_on_append":true}"#), 201);
+    let client = Client::new(&nova.url).expect("url");
+    let address = Address::new("full", "s");
+    // The server's one connection, held by a session.
+    let holder = client.append_session(&address, 4).expect("session");
+    let quick = Client::new(&nova.url).expect("url").with_timeout(Some(Duration::from_millis(300)));
+    let mut waiting = quick.append_session(&address, 4).expect("the kernel takes it");
+    // Nothing can be awaited here: the answer's head is missed within the timeout.
+    std::thread::sleep(Duration::from_millis(600));
+    drop(holder);
+    waiting.submit(&batch(&["landed"]), &Conditions::default()).expect("submit");
+    let ack = waiting.recv().expect("an answer").result.expect("appended on a new connection");
+    assert_eq!(ack.start.seq_num, 0);
+    // The session holds the server's one connection: done with it before reading.
+    drop(waiting);
+    let page = client.read(&address, &ReadOptions::default()).expect("read");
+    assert_eq!(bodies(&page.records), ["landed"]);
+}
+
 /// A session whose connection failed is closed (module docs): it refuses the next batch,
 /// so its caller opens a new one, instead of taking batches it can only fail.
 #[test]

@@ -1350,7 +1350,25 @@ fn sigterm_ends_open_append_sessions() {
     session.submit(&one("acked"), &Conditions::default()).expect("submit");
     // Its ack is left unread, so the session learns of the stop with it still to take.
     common::wait_until("the ack sent", || nova.metric("nova_http_session_outcomes_total") == 1);
+    // A raw session too, to read what the stop says.
+    let mut raw = std::net::TcpStream::connect(&nova.server.authority).expect("connect");
+    std::io::Write::write_all(
+        &mut raw,
+        b"POST /v1/streams/stop/raw/records HTTP/1.1\r\nhost: nova\r\n\
+          content-type: application/x-nova-records; session=true\r\n\
+          transfer-encoding: chunked\r\n\r\n",
+    )
+    .expect("head");
+    common::wait_until("the raw session answering", || {
+        let metrics = nova.call("GET", "/metrics", None).text();
+        metrics.contains(r#"nova_http_requests_total{route="append_session",status="200"} 2"#)
+    });
     assert!(nova.terminate().success(), "the open session did not hold the stop");
+    let mut answer = Vec::new();
+    std::io::Read::read_to_end(&mut raw, &mut answer).expect("the answer, to its end");
+    let text = String::from_utf8_lossy(&answer);
+    assert!(text.contains(r#""code":"unavailable""#), "{text}");
+    assert!(text.contains(r#""not_appended":true"#), "nothing after the acks was taken: {text}");
     let late = session.submit(&one("late"), &Conditions::default()).expect_err("no server");
     assert!(late.to_string().contains("connect to"), "{late}");
     assert!(session.recv().expect("the ack").result.is_ok());

@@ -103,11 +103,15 @@ impl Error {
     /// answer was not one the API gives, or the server failed inside (`internal`,
     /// `unknown`) or stopped serving its stream (`unavailable`: a failed journal answers
     /// the appends it had sequenced so, and only its recovery decides their fate).
-    /// Every other answered error is a refusal: nothing of the batch landed.
+    /// Every other answered error is a refusal: nothing of the batch landed; so is one
+    /// that says so (`"not_appended": true`: an append session's end at a server's stop).
     pub fn outcome_unknown(&self) -> bool {
         match self {
             Error::Io { .. } | Error::Protocol(_) => true,
-            Error::Api(api) => matches!(api.code.as_str(), "internal" | "unknown" | "unavailable"),
+            Error::Api(api) => {
+                matches!(api.code.as_str(), "internal" | "unknown" | "unavailable")
+                    && api.body["not_appended"].as_bool() != Some(true)
+            }
             Error::Invalid(_) => false,
         }
     }

@@ -35,7 +35,7 @@ use std::io::{BufReader, BufWriter, Write as _};
 use std::net::{Shutdown, TcpStream};
 use std::os::fd::AsRawFd as _;
 use std::sync::Arc;
-use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::atomic::{AtomicU8, Ordering};
 use std::sync::mpsc::{self, Receiver, Sender, SyncSender, TryRecvError};
 use std::thread::JoinHandle;
 use std::time::{Duration, Instant};
@@ -47,6 +47,13 @@ use super::{
     Ack, Address, ApiError, Batch, Conditions, Error, Format, Position, Result, api_error_frame,
     read_frame,
 };
+
+/// A streamed session's answer: its head not read yet.
+const HEAD_PENDING: u8 = 0;
+/// Its head read: the frames are coming.
+const ANSWERING: u8 = 1;
+/// Its head never came, or was an error answer: the session never began.
+const HEAD_FAILED: u8 = 2;
 
 /// A streamed session's request `Content-Type` (the server's `append_session.rs`).
 const SESSION_MEDIA_TYPE: &str = "application/x-nova-records; session=true";
@@ -92,10 +99,11 @@ struct Connection {
     /// so the connection is closed in order (the last chunk of a streamed request sent
     /// before the socket is shut).
     idle: bool,
-    /// A streamed session's answer has begun (its head read): from then on, with nothing
-    /// in flight, any byte that comes (an end or an error frame) or the connection's end
-    /// means the session is over.
-    answering: Arc<AtomicBool>,
+    /// Where a streamed session's answer is ([`HEAD_PENDING`], [`ANSWERING`],
+    /// [`HEAD_FAILED`]): once it has begun (its head read), with nothing in flight, any
+    /// byte that comes (an end or an error frame) or the connection's end means the
+    /// session is over; a head that failed means it never began.
+    answer: Arc<AtomicU8>,
 }
 
 impl Connection {
@@ -128,8 +136,8 @@ impl Connection {
         let (spare_tx, spare) = mpsc::sync_channel::<Vec<u8>>(in_flight_max);
         let (sent, sent_rx) = mpsc::channel::<(u64, Instant)>();
         let (acks_tx, acks) = mpsc::channel::<SessionAck>();
-        let answering = Arc::new(AtomicBool::new(false));
-        let reading = Arc::clone(&answering);
+        let answer = Arc::new(AtomicU8::new(HEAD_PENDING));
+        let reading = Arc::clone(&answer);
         // A streamed request's body ends with the last chunk.
         let last: &'static [u8] = if format == Format::Binary { b"0\r\n\r\n" } else { b"" };
         let writer = std::thread::Builder::new()
@@ -152,7 +160,7 @@ impl Connection {
             writer: Some(writer),
             reader: Some(reader),
             idle: false,
-            answering,
+            answer,
         })
     }
 
@@ -162,8 +170,12 @@ impl Connection {
     /// thread is not reading; for a streamed session, once its answer has begun (before
     /// that, the bytes waiting are its head).
     fn closed_by_server(&self, format: Format) -> bool {
-        if format == Format::Binary && !self.answering.load(Ordering::Acquire) {
-            return false;
+        if format == Format::Binary {
+            match self.answer.load(Ordering::Acquire) {
+                ANSWERING => {}
+                HEAD_FAILED => return true,
+                _ => return false,
+            }
         }
         let mut probe = [0u8; 1];
         // SAFETY: recv(2) into a live one-byte buffer, on a socket this session owns;
@@ -540,7 +552,7 @@ impl Cut {
     }
 }
 
-/// Reads a streamed session's answer: its head at once (then `answering` is set, for
+/// Reads a streamed session's answer: its head at once (its state then set, for
 /// [`Connection::closed_by_server`]), then one ack frame per ticket, in order. Once it
 /// ends (an error frame, an error answer, a failed connection), answers every remaining
 /// ticket from how it ended.
@@ -548,11 +560,11 @@ fn read_stream(
     stream: TcpStream,
     sent: &Receiver<(u64, Instant)>,
     acks: &Sender<SessionAck>,
-    answering: &AtomicBool,
+    state: &AtomicU8,
 ) {
     let socket = stream.try_clone().ok();
     let mut answer = open_answer(BufReader::with_capacity(64 << 10, stream));
-    answering.store(answer.is_ok(), Ordering::Release);
+    state.store(if answer.is_ok() { ANSWERING } else { HEAD_FAILED }, Ordering::Release);
     let mut frame = Vec::new();
     let mut ended: Option<Ended> = None;
     while let Ok((ticket, at)) = sent.recv() {
