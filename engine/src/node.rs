@@ -818,7 +818,7 @@ impl Client {
                     let answered = async { Some(answer.recv_async().await) };
                     match futures_lite::future::or(signalled, answered).await {
                         Some(answered) => answered,
-                        None => return Ok(Routed::Sequenced(PendingAck { answer })),
+                        None => return Ok(Routed::Sequenced(PendingAck::Waiting(answer))),
                     }
                 }
             };
@@ -890,7 +890,7 @@ impl Client {
         let op = Op::Append { request, sequenced: Some(signal) };
         match self.route(bucket, key, Door::Append, None, op, Some(&sequenced)).await? {
             Routed::Done(result) => match result? {
-                Reply::Appended(ack) => Ok(PendingAck::ready(ack)),
+                Reply::Appended(ack) => Ok(PendingAck::Ready(ack)),
                 other => Err(unexpected(&other)),
             },
             Routed::Sequenced(pending) => Ok(pending),
@@ -1049,18 +1049,14 @@ enum Routed {
 
 /// An append its leader has sequenced: its acknowledgement, once durable.
 #[derive(Debug)]
-pub struct PendingAck {
-    answer: flume::Receiver<Answer>,
+pub enum PendingAck {
+    /// Its leader's answer is still to come.
+    Waiting(flume::Receiver<Answer>),
+    /// Answered already (durable before the signal was seen).
+    Ready(AppendAck),
 }
 
 impl PendingAck {
-    /// One whose answer is already in hand.
-    fn ready(ack: AppendAck) -> Self {
-        let (reply, answer) = flume::bounded(1);
-        let _ = reply.send(Answer::Done(Ok(Reply::Appended(ack))));
-        PendingAck { answer }
-    }
-
     /// The acknowledgement once the batch is durable, or why it never will be.
     pub async fn durable(self) -> Result<AppendAck> {
         match self.reply().await? {
@@ -1070,7 +1066,11 @@ impl PendingAck {
     }
 
     async fn reply(self) -> Result<Reply> {
-        match self.answer.recv_async().await.map_err(|_| stopped())? {
+        let answer = match self {
+            PendingAck::Ready(ack) => return Ok(Reply::Appended(ack)),
+            PendingAck::Waiting(answer) => answer,
+        };
+        match answer.recv_async().await.map_err(|_| stopped())? {
             Answer::Done(result) => result,
             // A leader sequences only an append it keeps.
             Answer::Stale(_) => Err(Error::internal("a sequenced append came back unused")),

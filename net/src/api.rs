@@ -702,7 +702,7 @@ pub fn encoding(request: &Request<Incoming>) -> Result<Encoding, ApiError> {
     }
 }
 
-pub(crate) fn media_type(value: Option<&HeaderValue>) -> Option<String> {
+fn media_type(value: Option<&HeaderValue>) -> Option<String> {
     let value = value?.to_str().ok()?;
     Some(value.split(';').next().unwrap_or("").trim().to_ascii_lowercase())
 }
@@ -727,11 +727,15 @@ pub fn accepts_binary_subscription(request: &Request<Incoming>) -> bool {
         .iter()
         .filter_map(|v| v.to_str().ok())
         .flat_map(|v| v.split(','))
-        .any(|v| {
-            let mut parts = v.split(';').map(str::trim);
-            parts.next().is_some_and(|media| media.eq_ignore_ascii_case(RECORDS_MEDIA_TYPE))
-                && parts.any(|p| p.eq_ignore_ascii_case("subscribe=true"))
-        })
+        .any(|v| is_records_with(v, "subscribe=true"))
+}
+
+/// Whether a media type (one of `Accept`'s, or a `Content-Type`) is the binary framing
+/// with `parameter` (`subscribe=true`, `session=true`).
+pub(crate) fn is_records_with(media: &str, parameter: &str) -> bool {
+    let mut parts = media.split(';').map(str::trim);
+    parts.next().is_some_and(|media| media.eq_ignore_ascii_case(RECORDS_MEDIA_TYPE))
+        && parts.any(|p| p.eq_ignore_ascii_case(parameter))
 }
 
 /// The request body in one piece (joined, a copy, only if it came in several); see

@@ -63,11 +63,8 @@ pub const ACK_CHUNKS_QUEUED_MAX: usize = 4;
 
 /// Whether the request's `Content-Type` is the binary framing with `session=true`.
 pub fn is_session(request: &Request<Incoming>) -> bool {
-    let Some(value) = request.headers().get(header::CONTENT_TYPE) else { return false };
-    let Ok(value) = value.to_str() else { return false };
-    let mut parts = value.split(';').map(str::trim);
-    parts.next().is_some_and(|media| media.eq_ignore_ascii_case(api::RECORDS_MEDIA_TYPE))
-        && parts.any(|p| p.eq_ignore_ascii_case(SESSION_PARAM))
+    let value = request.headers().get(header::CONTENT_TYPE).and_then(|v| v.to_str().ok());
+    value.is_some_and(|media| api::is_records_with(media, SESSION_PARAM))
 }
 
 /// Starts a session on the request: its answer (200, the frames streamed) at once.

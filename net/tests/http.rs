@@ -615,12 +615,7 @@ fn base64_round_trips_all_256_byte_values(nova: &Nova) {
 }
 
 fn concurrent_producers_batches_stay_contiguous(nova: &Nova) {
-    nova.ok(
-        "POST",
-        "/v1/buckets/cop",
-        Some(r#"{"create_stream_on_append":true,"default_class":"express"}"#),
-        201,
-    );
+    nova.express_bucket("cop");
     const PRODUCERS: usize = 4;
     const BATCHES: usize = 15;
     const BATCH: usize = 5;
@@ -957,16 +952,20 @@ enum Said {
     End,
 }
 
-/// The frames of an append session's answer body.
-fn session_said(body: &[u8]) -> Vec<Said> {
+/// The request `Content-Type` (and the answer's) of an append session.
+const SESSION_MEDIA: &str = "application/x-nova-records; session=true";
+
+/// The frames of an append session's answer body, and the tail each ack carried.
+fn session_said(body: &[u8]) -> (Vec<Said>, Vec<u64>) {
     use engine::framing::{Frame, decode_frame};
-    let mut said = Vec::new();
+    let (mut said, mut tails) = (Vec::new(), Vec::new());
     let mut at = 0;
     while at < body.len() {
         let (frame, used) = decode_frame(&body[at..]).expect("a valid frame").expect("whole");
         said.push(match frame {
             Frame::Ack { start, end, tail } => {
                 assert!(tail.seq_num >= end.seq_num, "the tail is at or past the batch");
+                tails.push(tail.seq_num);
                 Said::Ack { start: start.seq_num, end: end.seq_num }
             }
             Frame::Error(text) => Said::Error(serde_json::from_str(text).expect("JSON")),
@@ -975,7 +974,7 @@ fn session_said(body: &[u8]) -> Vec<Said> {
         });
         at += used;
     }
-    said
+    (said, tails)
 }
 
 /// One batch of an append session's body: its length, then its append body.
@@ -996,19 +995,14 @@ fn session_batch(bodies: &[&str], match_seq_num: Option<u64>) -> Vec<u8> {
 /// after the acks of the batches before it, and nothing after it is appended. Every way
 /// a session's body can be wrong is refused by name, as the error frame that ends it.
 fn append_sessions_ack_in_order_and_end_at_a_refusal(nova: &Nova) {
-    nova.ok(
-        "POST",
-        "/v1/buckets/ses",
-        Some(r#"{"create_stream_on_append":true,"default_class":"express"}"#),
-        201,
-    );
+    nova.express_bucket("ses");
     let path = "/v1/streams/ses/s/records";
-    let media = [("content-type", "application/x-nova-records; session=true")];
+    let media = [("content-type", SESSION_MEDIA)];
     let session = |body: &[u8]| {
         let answer = nova.call_with("POST", path, &media, Some(body));
         assert_eq!(answer.status, 200, "{}", answer.text());
-        assert_eq!(answer.header("content-type"), Some("application/x-nova-records; session=true"));
-        session_said(&answer.body)
+        assert_eq!(answer.header("content-type"), Some(SESSION_MEDIA));
+        session_said(&answer.body).0
     };
     let body = [
         session_batch(&["a"], None),
@@ -1062,12 +1056,7 @@ fn append_sessions_ack_in_order_and_end_at_a_refusal(nova: &Nova) {
 
 fn binary_framing_appends_and_reads(nova: &Nova) {
     use engine::framing::{AppendBuilder, AppendConditions, Frame, decode_frame};
-    nova.ok(
-        "POST",
-        "/v1/buckets/frm",
-        Some(r#"{"create_stream_on_append":true,"default_class":"express"}"#),
-        201,
-    );
+    nova.express_bucket("frm");
     let mut builder = AppendBuilder::new();
     builder.push(&[(b"k".as_slice(), b"\xff".as_slice())], b"\x00bin").expect("fits");
     builder.push::<&[u8], &[u8]>(&[], b"two").expect("fits");
@@ -1209,12 +1198,7 @@ fn health_metrics_and_request_ids(nova: &Nova) {
             .sum()
     };
     let before = |name: &str| sum(&text, name);
-    nova.ok(
-        "POST",
-        "/v1/buckets/metered",
-        Some(r#"{"create_stream_on_append":true,"default_class":"express"}"#),
-        201,
-    );
+    nova.express_bucket("metered");
     nova.ok(
         "POST",
         "/v1/streams/metered/s/records",
@@ -1264,61 +1248,69 @@ fn failed_and_slow_requests_are_logged_with_their_request_id() {
 /// they arrive, not as its length announces them.
 #[test]
 fn append_sessions_keep_to_their_bounds() {
-    use std::io::Write as _;
+    use std::io::{Read as _, Write as _};
     let dir = tempdir();
-    let nova =
-        Nova::start_with(&dir.path().join("data"), &["--http-session-in-flight-max", "1"], &[]);
-    nova.ok(
-        "POST",
-        "/v1/buckets/bnd",
-        Some(r#"{"create_stream_on_append":true,"default_class":"express"}"#),
-        201,
-    );
+    let flags = [
+        ["--http-session-in-flight-max", "1"],
+        ["--http-idle-timeout-ms", "1000"],
+        ["--http-body-bytes-max", "1MiB"],
+        ["--http-json-body-bytes-max", "1MiB"],
+        ["--http-body-memory-bytes", "2MiB"],
+        // One shard, so that one body memory is filled.
+        ["--shards", "1"],
+    ];
+    let nova = Nova::start_with(&dir.path().join("data"), flags.as_flattened(), &[]);
+    nova.express_bucket("bnd");
     let path = "/v1/streams/bnd/s/records";
-    let media = [("content-type", "application/x-nova-records; session=true")];
+    let media = [("content-type", SESSION_MEDIA)];
+    let session =
+        |body: &[u8]| session_said(&nova.call_with("POST", path, &media, Some(body)).body);
     let body: Vec<u8> = (0..8).flat_map(|i| session_batch(&[&format!("{i}")], None)).collect();
-    let answer = nova.call_with("POST", path, &media, Some(&body));
-    let said = session_said(&answer.body);
-    let acks: Vec<_> = said
-        .iter()
-        .filter_map(|said| match said {
-            Said::Ack { end, .. } => Some(*end),
-            _ => None,
-        })
-        .collect();
-    assert_eq!(acks, (1..=8).collect::<Vec<u64>>(), "{said:?}");
-    // The tails: read from the raw frames (Said keeps only the positions).
-    let tails: Vec<u64> = {
-        use engine::framing::{Frame, decode_frame};
-        let (mut at, mut tails) = (0, Vec::new());
-        while let Some((frame, used)) = decode_frame(&answer.body[at..]).expect("valid") {
-            if let Frame::Ack { tail, .. } = frame {
-                tails.push(tail.seq_num);
-            }
-            at += used;
+    let (said, tails) = session(&body);
+    let mut expected: Vec<Said> = (1..=8).map(|end| Said::Ack { start: end - 1, end }).collect();
+    expected.push(Said::End);
+    assert_eq!(said, expected);
+    assert_eq!(tails, (1..=8).collect::<Vec<u64>>(), "one batch in flight at a time");
+    // Batches announced at 1 MiB of which only some bytes came hold those bytes: three
+    // of them fill the shard's 2 MiB exactly.
+    let partial = |bytes: usize| {
+        let mut stream = std::net::TcpStream::connect(&nova.server.authority).expect("connect");
+        let head = format!(
+            "POST {path} HTTP/1.1\r\nhost: nova\r\ncontent-type: {SESSION_MEDIA}\r\n\
+             transfer-encoding: chunked\r\n\r\n"
+        );
+        let mut chunk = (1u32 << 20).to_le_bytes().to_vec();
+        chunk.resize(4 + bytes, 1);
+        let size = format!("{:x}\r\n", chunk.len());
+        for part in [head.as_bytes(), size.as_bytes(), &chunk, b"\r\n"] {
+            stream.write_all(part).expect("send");
         }
-        tails
+        stream
     };
-    assert_eq!(tails, acks, "one batch in flight at a time");
-    // A batch announced at 900 KiB of which 10 bytes came holds 10 bytes.
-    let mut stream = std::net::TcpStream::connect(&nova.server.authority).expect("connect");
-    let head = format!(
-        "POST {path} HTTP/1.1\r\nhost: nova\r\ncontent-type: {}\r\n\
-         transfer-encoding: chunked\r\n\r\n",
-        media[0].1
-    );
-    stream.write_all(head.as_bytes()).expect("head");
-    let mut chunk = (900u32 << 10).to_le_bytes().to_vec();
-    chunk.extend_from_slice(&[1; 10]);
-    stream.write_all(format!("{:x}\r\n", chunk.len()).as_bytes()).expect("chunk size");
-    stream.write_all(&chunk).expect("chunk");
-    stream.write_all(b"\r\n").expect("chunk end");
-    common::wait_until("the batch's first bytes held", || {
-        nova.metric("nova_http_body_bytes_held") > 0
-    });
-    assert_eq!(nova.metric("nova_http_body_bytes_held"), 10);
-    drop(stream);
-    common::wait_until("given back", || nova.metric("nova_http_body_bytes_held") == 0);
+    let held = || nova.metric("nova_http_body_bytes_held");
+    let mut stalled = vec![partial(10)];
+    common::wait_until("the batch's first bytes held", || held() > 0);
+    assert_eq!(held(), 10, "only what came");
+    stalled.push(partial((1 << 20) - 1));
+    stalled.push(partial((2 << 20) - 10 - ((1 << 20) - 1)));
+    common::wait_until("the shard's body memory full", || held() == 2 << 20);
+    // A session with nothing in flight is refused then, as an append would be.
+    let (said, _) = session(&session_batch(&["x"], None));
+    let Said::Error(full) = &said[0] else { panic!("{said:?}") };
+    assert_eq!(full["code"], "resource_exhausted", "{full}");
+    assert_eq!(full["retry_after_seconds"], 1, "{full}");
+    assert!(full["message"].as_str().is_some_and(|m| m.contains("--http-body-memory-bytes")));
+    // A batch whose bytes stop coming is refused after the idle timeout, and gives its
+    // memory back.
+    for mut stream in stalled {
+        stream.set_read_timeout(Some(Duration::from_secs(30))).expect("a read timeout");
+        // To its end, or to a reset after it: what was read is the answer.
+        let mut answer = Vec::new();
+        let _ = stream.read_to_end(&mut answer);
+        let text = String::from_utf8_lossy(&answer);
+        assert!(text.contains("stalled inside a batch"), "{text}");
+    }
+    common::wait_until("given back", || held() == 0);
 }
 
 /// A node that stops ends its open append sessions: after the acks of what they had
@@ -1333,12 +1325,7 @@ fn sigterm_ends_open_append_sessions() {
     let dir = tempdir();
     let data = dir.path().join("data");
     let nova = Nova::start(&data);
-    nova.ok(
-        "POST",
-        "/v1/buckets/stop",
-        Some(r#"{"create_stream_on_append":true,"default_class":"express"}"#),
-        201,
-    );
+    nova.express_bucket("stop");
     let client = Client::new(&nova.url).expect("url");
     let address = Address::new("stop", "s");
     let mut session = client.append_session(&address, 4).expect("session");
@@ -1352,13 +1339,11 @@ fn sigterm_ends_open_append_sessions() {
     common::wait_until("the ack sent", || nova.metric("nova_http_session_outcomes_total") == 1);
     // A raw session too, to read what the stop says.
     let mut raw = std::net::TcpStream::connect(&nova.server.authority).expect("connect");
-    std::io::Write::write_all(
-        &mut raw,
-        b"POST /v1/streams/stop/raw/records HTTP/1.1\r\nhost: nova\r\n\
-          content-type: application/x-nova-records; session=true\r\n\
-          transfer-encoding: chunked\r\n\r\n",
-    )
-    .expect("head");
+    let head = format!(
+        "POST /v1/streams/stop/raw/records HTTP/1.1\r\nhost: nova\r\n\
+         content-type: {SESSION_MEDIA}\r\ntransfer-encoding: chunked\r\n\r\n"
+    );
+    std::io::Write::write_all(&mut raw, head.as_bytes()).expect("head");
     common::wait_until("the raw session answering", || {
         let metrics = nova.call("GET", "/metrics", None).text();
         metrics.contains(r#"nova_http_requests_total{route="append_session",status="200"} 2"#)
@@ -2758,12 +2743,7 @@ fn a_client_that_stops_reading_its_answer_is_closed_after_the_idle_timeout() {
     let dir = tempdir();
     let nova = Nova::start_with(&dir.path().join("data"), &["--http-idle-timeout-ms", "1000"], &[]);
     let timeout = Duration::from_secs(1);
-    nova.ok(
-        "POST",
-        "/v1/buckets/stall",
-        Some(r#"{"create_stream_on_append":true,"default_class":"express"}"#),
-        201,
-    );
+    nova.express_bucket("stall");
     let media = [("content-type", "application/x-nova-records")];
     for _ in 0..16 {
         let mut builder = AppendBuilder::new();

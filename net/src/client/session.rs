@@ -88,6 +88,7 @@ pub struct AppendSession {
 
 /// A session's connection and the two threads that write to it and read from it.
 struct Connection {
+    format: Format,
     requests: Option<SyncSender<Vec<u8>>>,
     sent: Option<Sender<(u64, Instant)>>,
     acks: Receiver<SessionAck>,
@@ -161,6 +162,7 @@ impl Connection {
             reader: Some(reader),
             idle: false,
             answer,
+            format,
         })
     }
 
@@ -169,8 +171,8 @@ impl Connection {
     /// waiting. Asked only with nothing in flight, when no answer is due and the reader
     /// thread is not reading; for a streamed session, once its answer has begun (before
     /// that, the bytes waiting are its head).
-    fn closed_by_server(&self, format: Format) -> bool {
-        if format == Format::Binary {
+    fn closed_by_server(&self) -> bool {
+        if self.format == Format::Binary {
             match self.answer.load(Ordering::Acquire) {
                 ANSWERING => {}
                 HEAD_FAILED => return true,
@@ -269,7 +271,7 @@ impl AppendSession {
             // at: their answers, copies of its error, are on their way.
             self.wait_for_all();
             self.reopen()?;
-        } else if self.in_flight == 0 && self.connection.closed_by_server(self.format) {
+        } else if self.in_flight == 0 && self.connection.closed_by_server() {
             // Nothing was in flight on it, so nothing is lost: go on on a new connection
             // (a JSON one the server closed idle; a streamed session it ended at its stop,
             // or a connection gone with a server that died).
@@ -487,40 +489,6 @@ fn lost(kind: std::io::ErrorKind, why: &str) -> Error {
     }
 }
 
-/// How a streamed session ended, passed on to every batch behind the one it ended at.
-enum Ended {
-    /// The server answered batch `ticket` with this error (an error frame, or an error
-    /// answer to the whole request).
-    At { ticket: u64, error: ApiError },
-    /// The connection failed, or the answer was not one the API gives.
-    Lost(std::io::ErrorKind, String),
-}
-
-impl Ended {
-    fn answer(&self) -> Error {
-        match self {
-            Ended::At { ticket, error } => {
-                let mut error = error.clone();
-                error.message = if Error::Api(error.clone()).outcome_unknown() {
-                    format!(
-                        "batch {ticket} before this one in the session failed, so this one may \
-                         or may not have landed: {}",
-                        error.message
-                    )
-                } else {
-                    format!(
-                        "not appended: the server refused batch {ticket} before this one in the \
-                         session, and took nothing after it: {}",
-                        error.message
-                    )
-                };
-                Error::Api(error)
-            }
-            Ended::Lost(kind, why) => lost(*kind, why),
-        }
-    }
-}
-
 /// Why a streamed session's answer holds no next ack.
 #[derive(Clone)]
 enum Cut {
@@ -543,12 +511,32 @@ impl Cut {
         }
     }
 
-    /// The answer of batch `ticket`, where the session ended, and how it ended.
-    fn at(self, ticket: u64) -> (Error, Ended) {
+    /// The answer of the batch the session ended at.
+    fn answer(&self) -> Error {
         match self {
-            Cut::Refused(error) => (Error::Api(error.clone()), Ended::At { ticket, error }),
-            Cut::Lost(kind, why) => (lost(kind, &why), Ended::Lost(kind, why)),
+            Cut::Refused(error) => Error::Api(error.clone()),
+            Cut::Lost(kind, why) => lost(*kind, why),
         }
+    }
+
+    /// The answer of a batch behind batch `ticket`, where the session ended.
+    fn behind(&self, ticket: u64) -> Error {
+        let Cut::Refused(error) = self else { return self.answer() };
+        let mut error = error.clone();
+        error.message = if Error::Api(error.clone()).outcome_unknown() {
+            format!(
+                "batch {ticket} before this one in the session failed, so this one may or may \
+                 not have landed: {}",
+                error.message
+            )
+        } else {
+            format!(
+                "not appended: the server refused batch {ticket} before this one in the \
+                 session, and took nothing after it: {}",
+                error.message
+            )
+        };
+        Error::Api(error)
     }
 }
 
@@ -566,24 +554,25 @@ fn read_stream(
     let mut answer = open_answer(BufReader::with_capacity(64 << 10, stream));
     state.store(if answer.is_ok() { ANSWERING } else { HEAD_FAILED }, Ordering::Release);
     let mut frame = Vec::new();
-    let mut ended: Option<Ended> = None;
+    // The batch the session ended at, and why.
+    let mut ended: Option<(u64, Cut)> = None;
     while let Ok((ticket, at)) = sent.recv() {
         let result = match &ended {
-            Some(end) => Err(end.answer()),
+            Some((first, cut)) => Err(cut.behind(*first)),
             None => {
                 let next = match &mut answer {
                     Ok(body) => next_ack(body, &mut frame),
                     Err(cut) => Err(cut.clone()),
                 };
                 next.map_err(|cut| {
-                    let (error, end) = cut.at(ticket);
-                    if matches!(end, Ended::Lost(..))
+                    if matches!(cut, Cut::Lost(..))
                         && let Some(socket) = &socket
                     {
                         // Nothing more goes out on it.
                         let _ = socket.shutdown(Shutdown::Both);
                     }
-                    ended = Some(end);
+                    let error = cut.answer();
+                    ended = Some((ticket, cut));
                     error
                 })
             }

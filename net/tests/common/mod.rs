@@ -251,6 +251,12 @@ impl Nova {
             .sum()
     }
 
+    /// Creates bucket `name`: express by default, streams created on append.
+    pub fn express_bucket(&self, name: &str) {
+        let settings = r#"{"create_stream_on_append":true,"default_class":"express"}"#;
+        self.ok("POST", &format!("/v1/buckets/{name}"), Some(settings), 201);
+    }
+
     /// Calls and checks the status; the JSON body.
     pub fn ok(&self, method: &str, path: &str, body: Option<&str>, status: u16) -> Value {
         let response = self.call(method, path, body);
