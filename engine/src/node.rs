@@ -29,12 +29,13 @@ use crate::journal::{Journal, JournalConfig};
 use crate::meta::{RedbMetaOptions, RedbMetaStore};
 use crate::names::{BucketName, StreamKey};
 use crate::notify::Notify;
-use crate::options::StreamOptionsPatch;
+use crate::options::{StreamOptions, StreamOptionsPatch};
 use crate::position::Tail;
 use crate::shard::{
     Answer, AppendAck, AppendRequest, Op, PlanRequest, ReadPlan, ReadReply, ReadRequest, Reply,
     Shard, ShardConfig, ShardStats, TrimTo,
 };
+use crate::stream::Standing;
 use crate::uploader::{Uploader, UploaderConfig};
 
 /// The manifest's name in the data directory.
@@ -785,12 +786,22 @@ impl Client {
             let record = match cached {
                 Some(record) => record,
                 None => {
-                    if let Op::Append { request, .. } = &op {
+                    let resolved = match &op {
                         // Resolving may create the stream: an append refused by its
-                        // limits leaves no trace (producers.md), not a new stream.
-                        crate::shard::check_append(request, &self.limits, self.entry_max)?;
-                    }
-                    let record = self.control.resolve(bucket, key, door).await?.record;
+                        // limits, or by the conditions it would meet on the new stream,
+                        // leaves no trace (producers.md), not a new stream.
+                        Op::Append { request, .. } => {
+                            let input =
+                                crate::shard::check_append(request, &self.limits, self.entry_max)?;
+                            // The arrival time only sets the stamp, never a refusal.
+                            let admit = |options: &StreamOptions| {
+                                Standing::fresh(options).check(&input, 0).map(drop)
+                            };
+                            self.control.resolve_admitting(bucket, key, door, &admit).await?
+                        }
+                        _ => self.control.resolve(bucket, key, door).await?,
+                    };
+                    let record = resolved.record;
                     self.remember(&address, &record);
                     record
                 }

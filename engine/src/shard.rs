@@ -213,12 +213,12 @@ pub struct AppendRequest {
 
 /// The checks of an append that need no stream (decisions.md: well-formedness and the
 /// limits come first): its framing, its fencing token's length and every record,
-/// header and batch limit. The batch's frame and summary when it passes.
+/// header and batch limit. The batch as the leader takes it when it passes.
 pub(crate) fn check_append<'a>(
     request: &'a AppendRequest,
     limits: &Limits,
     entry_max: u64,
-) -> Result<(AppendFrame<'a>, batch::BatchSummary)> {
+) -> Result<AppendInput<'a>> {
     let frame = AppendFrame::decode_body(&request.framed)?;
     if let Some(token) = frame.conditions.fencing_token
         && token.len() > FENCING_TOKEN_BYTES_MAX
@@ -239,7 +239,17 @@ pub(crate) fn check_append<'a>(
     if chunk_bytes > entry_max {
         return Err(Error::BatchTooLargeForJournal { chunk_bytes, limit: entry_max });
     }
-    Ok((frame, summary))
+    let offered = request.offered.unwrap_or_else(|| {
+        std::iter::repeat_n(frame.conditions.timestamp, summary.records as usize).collect()
+    });
+    Ok(AppendInput {
+        lengths: frame.lengths,
+        data: frame.data,
+        summary,
+        offered,
+        match_seq_num: frame.conditions.match_seq_num,
+        fencing_token: frame.conditions.fencing_token,
+    })
 }
 
 /// The acknowledgement of an append: where it landed and the tail at the ack.
@@ -769,19 +779,8 @@ impl Shard {
     ) -> Result<AppendAck> {
         let arrived = Instant::now();
         let entry_max = self.journal.entry_bytes_max();
-        let (frame, summary) = check_append(&request, &self.config.limits, entry_max)?;
-        let offered = request.offered.unwrap_or_else(|| {
-            std::iter::repeat_n(frame.conditions.timestamp, summary.records as usize).collect()
-        });
-        let input = AppendInput {
-            lengths: frame.lengths,
-            data: frame.data,
-            summary,
-            offered,
-            match_seq_num: frame.conditions.match_seq_num,
-            fencing_token: frame.conditions.fencing_token,
-        };
-        self.make_room(metered_bytes(summary.records.into(), frame.data.len() as u64));
+        let input = check_append(&request, &self.config.limits, entry_max)?;
+        self.make_room(metered_bytes(input.summary.records.into(), input.data.len() as u64));
         let class = slot.leader.borrow().options().class;
         let sequenced = {
             let mut leader = slot.leader.borrow_mut();
@@ -832,8 +831,8 @@ impl Shard {
         self.count(|s| {
             let class = s.class_mut(class);
             class.appends += 1;
-            class.records_in += u64::from(summary.records);
-            class.bytes_in += summary.content_bytes;
+            class.records_in += u64::from(input.summary.records);
+            class.bytes_in += input.summary.content_bytes;
             class.ack_latency.record(arrived.elapsed());
         });
         Ok(AppendAck {

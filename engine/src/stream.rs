@@ -170,6 +170,70 @@ pub struct AppendInput<'a> {
     pub fencing_token: Option<&'a str>,
 }
 
+/// Where a stream stands for the conditions of an append: what checks (1) to (3) of an
+/// append's order (decisions.md, "Appends") read.
+#[derive(Clone, Copy, Debug)]
+pub struct Standing<'a> {
+    pub options: &'a StreamOptions,
+    pub fencing_token: &'a str,
+    /// The number the next sequenced record takes (in-flight batches included).
+    pub next_seq_num: u64,
+    /// The stamp of the last sequenced batch.
+    pub last_timestamp: u64,
+}
+
+impl Standing<'_> {
+    /// A stream not made yet, as creating it from `options` would make it: empty, its
+    /// fencing token never set.
+    pub fn fresh(options: &StreamOptions) -> Standing<'_> {
+        Standing { options, fencing_token: "", next_seq_num: 0, last_timestamp: 0 }
+    }
+
+    /// Checks, in order, the batch's numbering and stamping (1), its fencing token
+    /// against the producer policy (2) and its `match_seq_num` (3); the batch's stamp
+    /// when they pass.
+    pub fn check(&self, input: &AppendInput<'_>, arrival_ms: u64) -> Result<u64> {
+        // (1) well-formedness that depends on the stream: numbering and stamping.
+        // The last number a record may take is SEQ_NUM_MAX, so the end (exclusive) of a
+        // batch is at most SEQ_NUM_MAX + 1 = u64::MAX.
+        let count = u64::from(input.summary.records);
+        const _: () = assert!(SEQ_NUM_MAX == u64::MAX - 1);
+        if count > u64::MAX - self.next_seq_num {
+            return Err(Error::SeqNumOverflow { next_seq_num: self.next_seq_num, count });
+        }
+        let stamp = timestamp::stamp(
+            self.options.timestamping_mode,
+            self.options.timestamping_uncapped,
+            &input.offered,
+            arrival_ms,
+            self.last_timestamp,
+        )?;
+        // (2) fencing token and producer policy.
+        match input.fencing_token {
+            Some(token) if token != self.fencing_token => {
+                return Err(Error::FencingTokenMismatch {
+                    field: "fencing_token",
+                    current: self.fencing_token.to_owned(),
+                });
+            }
+            None if self.options.producer_policy == ProducerPolicy::Fenced => {
+                return Err(Error::FencingTokenMissing { current: self.fencing_token.to_owned() });
+            }
+            _ => {}
+        }
+        // (3) match_seq_num, counting batches sequenced but not yet durable.
+        if let Some(expected) = input.match_seq_num
+            && expected != self.next_seq_num
+        {
+            return Err(Error::SeqNumMismatch {
+                match_seq_num: expected,
+                next_seq_num: self.next_seq_num,
+            });
+        }
+        Ok(stamp)
+    }
+}
+
 /// A sequenced batch: where it landed. Durable (and acknowledged) once the visible tail
 /// reaches `end.seq_num`.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -323,6 +387,16 @@ impl<B: ChunkStorage, L: Clone> Leader<B, L> {
         self.id
     }
 
+    /// What the conditions of the next append are checked against.
+    fn standing(&self) -> Standing<'_> {
+        Standing {
+            options: &self.options,
+            fencing_token: &self.fencing_token,
+            next_seq_num: self.next_seq_num,
+            last_timestamp: self.last_timestamp,
+        }
+    }
+
     pub fn options(&self) -> &StreamOptions {
         &self.options
     }
@@ -387,44 +461,9 @@ impl<B: ChunkStorage, L: Clone> Leader<B, L> {
         if self.deleted {
             return Err(Error::internal("append to a deleted stream's leader"));
         }
-        // (1) well-formedness that depends on the stream: numbering and stamping.
-        // The last number a record may take is SEQ_NUM_MAX, so the end (exclusive) of a
-        // batch is at most SEQ_NUM_MAX + 1 = u64::MAX.
-        let count = u64::from(input.summary.records);
-        const _: () = assert!(SEQ_NUM_MAX == u64::MAX - 1);
-        if count > u64::MAX - self.next_seq_num {
-            return Err(Error::SeqNumOverflow { next_seq_num: self.next_seq_num, count });
-        }
-        let stamp = timestamp::stamp(
-            self.options.timestamping_mode,
-            self.options.timestamping_uncapped,
-            &input.offered,
-            arrival_ms,
-            self.last_timestamp,
-        )?;
-        // (2) fencing token and producer policy.
-        match input.fencing_token {
-            Some(token) if token != self.fencing_token => {
-                return Err(Error::FencingTokenMismatch {
-                    field: "fencing_token",
-                    current: self.fencing_token.clone(),
-                });
-            }
-            None if self.options.producer_policy == ProducerPolicy::Fenced => {
-                return Err(Error::FencingTokenMissing { current: self.fencing_token.clone() });
-            }
-            _ => {}
-        }
-        // (3) match_seq_num, counting batches sequenced but not yet durable.
-        if let Some(expected) = input.match_seq_num
-            && expected != self.next_seq_num
-        {
-            return Err(Error::SeqNumMismatch {
-                match_seq_num: expected,
-                next_seq_num: self.next_seq_num,
-            });
-        }
+        let stamp = self.standing().check(input, arrival_ms)?;
         // (4) throughput cap, then the memory budget.
+        let count = u64::from(input.summary.records);
         self.throughput.check(input.summary.content_bytes, arrival_ms)?;
         reserve(metered_bytes(count, input.data.len() as u64))?;
         self.throughput.take(input.summary.content_bytes);

@@ -1795,6 +1795,40 @@ fn an_append_refused_by_a_limit_does_not_create_its_stream() {
     nova.err("GET", "/v1/streams/auto/new", None, 404, "not_found");
 }
 
+/// So does an append refused by the conditions it would meet on the stream its bucket
+/// would create (decisions.md, "Appends"): its timestamping mode, its producer policy and
+/// its `match_seq_num` are checked against the new stream before it is made.
+#[test]
+fn an_append_refused_by_a_new_streams_conditions_does_not_create_it() {
+    let dir = tempdir();
+    let nova = Nova::start(&dir.path().join("data"));
+    let bucket = r#"{"create_stream_on_append":true,"default_producer_policy":"fenced",
+        "default_timestamping_mode":"client-require"}"#;
+    nova.ok("POST", "/v1/buckets/strict", Some(bucket), 201);
+    let path = "/v1/streams/strict/new/records";
+    let refused =
+        nova.err("POST", path, Some(r#"{"records":[{"body":"b"}]}"#), 400, "invalid_argument");
+    assert!(refused["message"].as_str().unwrap().contains("timestamp"), "{refused}");
+    let stamped = r#"{"records":[{"body":"b","timestamp":5}]"#;
+    let refused = nova.err("POST", path, Some(&format!("{stamped}}}")), 412, "failed_precondition");
+    assert_eq!(refused["fencing_token"], "", "{refused}");
+    let wrong_token = format!(r#"{stamped},"fencing_token":"w1"}}"#);
+    let refused = nova.err("POST", path, Some(&wrong_token), 412, "failed_precondition");
+    assert_eq!(refused["fencing_token"], "", "{refused}");
+    let ahead = format!(r#"{stamped},"fencing_token":"","match_seq_num":3}}"#);
+    let refused = nova.err("POST", path, Some(&ahead), 412, "failed_precondition");
+    assert_eq!(refused["next_seq_num"], 0, "{refused}");
+    nova.err("GET", "/v1/streams/strict/new", None, 404, "not_found");
+    let listed = nova.ok("GET", "/v1/streams/strict", None, 200);
+    assert_eq!(listed["streams"], serde_json::json!([]), "{listed}");
+    // The batch that meets them creates it, with the bucket's defaults.
+    let first = format!(r#"{stamped},"fencing_token":"","match_seq_num":0}}"#);
+    let ack = nova.ok("POST", path, Some(&first), 200);
+    assert_eq!(ack["end"]["seq_num"], 1, "{ack}");
+    let stream = nova.ok("GET", "/v1/streams/strict/new", None, 200);
+    assert_eq!(stream["producer_policy"], "fenced", "{stream}");
+}
+
 /// A standard stream's chunk grows with what is appended to it: small appends cut by
 /// their delay do not each keep a `batch_max_bytes` buffer (8 MiB) in the cache, which
 /// the memory budget, counting stored bytes, never saw.

@@ -476,6 +476,19 @@ impl<S: MetaStore> ControlPlane<S> {
         key: &StreamKey,
         door: Door,
     ) -> Result<Created<StreamRecord>> {
+        self.resolve_admitting(bucket, key, door, &|_| Ok(())).await
+    }
+
+    /// [`ControlPlane::resolve`], where a stream it would create is first shown to
+    /// `admit` with the options it would have: the verb's refusal on such a stream is
+    /// this call's error, and nothing is created.
+    pub async fn resolve_admitting(
+        &self,
+        bucket: &BucketName,
+        key: &StreamKey,
+        door: Door,
+        admit: &(dyn Fn(&StreamOptions) -> Result<()> + Sync),
+    ) -> Result<Created<StreamRecord>> {
         for _ in 0..ATTEMPTS_MAX {
             match self.stream_at(bucket, key).await? {
                 AtAddress::Live(row, version) => {
@@ -497,6 +510,7 @@ impl<S: MetaStore> ControlPlane<S> {
             }
             let request = StreamOptionsRequest::default();
             let options = bucket_row.config.defaults.with_request(&request)?;
+            admit(&options)?;
             let claim =
                 Claim { bucket_row, bucket_version, options, request: &request, token: None };
             if let Some(record) = self.try_create(bucket, key, claim).await? {
