@@ -421,6 +421,62 @@ fn a_session_whose_answer_never_began_goes_on_on_a_new_connection() {
     assert_eq!(bodies(&page.records), ["landed"]);
 }
 
+/// A session the server ended right behind its last ack (the stopping server's error
+/// frame read in the same gulp as the ack) is over, though its socket holds nothing more
+/// to see: the next batch goes on a new connection, instead of meeting that frame and
+/// being answered `unavailable`. No real server can be timed to put the two frames in
+/// one read, so a scripted one over a real socket does: it writes them in one chunk.
+#[test]
+fn a_session_ended_behind_its_last_ack_goes_on_on_a_new_connection() {
+    use engine::position::Position;
+    use std::io::{BufRead, BufReader, Read, Write};
+    let listener = std::net::TcpListener::bind("127.0.0.1:0").expect("bind");
+    let url = format!("http://{}", listener.local_addr().expect("address"));
+    let server = std::thread::spawn(move || {
+        let mut held = Vec::new();
+        for (seq_num, then_stop) in [(0, true), (1, false)] {
+            let (socket, _) = listener.accept().expect("accept");
+            let mut reader = BufReader::new(socket.try_clone().expect("clone"));
+            let mut line = String::new();
+            while reader.read_line(&mut line).expect("head") > 2 {
+                line.clear();
+            }
+            let mut writer = socket.try_clone().expect("clone");
+            let head = "HTTP/1.1 200 OK\r\ncontent-type: application/x-nova-records; \
+                        session=true\r\ntransfer-encoding: chunked\r\n\r\n";
+            writer.write_all(head.as_bytes()).expect("answer head");
+            // One batch: a chunk of the request body.
+            line.clear();
+            reader.read_line(&mut line).expect("chunk size");
+            let size = usize::from_str_radix(line.trim(), 16).expect("hex size");
+            let mut chunk = vec![0; size + 2];
+            reader.read_exact(&mut chunk).expect("chunk");
+            let at = |seq_num| Position { seq_num, timestamp: 7 };
+            let mut frames = Vec::new();
+            engine::framing::encode_ack(at(seq_num), at(seq_num + 1), at(seq_num + 1), &mut frames);
+            if then_stop {
+                let stop = r#"{"code":"unavailable","message":"stopping","not_appended":true}"#;
+                engine::framing::encode_error(stop, &mut frames);
+            }
+            let mut out = format!("{:x}\r\n", frames.len()).into_bytes();
+            out.extend_from_slice(&frames);
+            out.extend_from_slice(b"\r\n");
+            writer.write_all(&out).expect("frames");
+            // The connection stays open: only its bytes say the session is over.
+            held.push(socket);
+        }
+        held
+    });
+    let client = Client::new(&url).expect("url");
+    let mut session = client.append_session(&Address::new("b", "s"), 4).expect("session");
+    for (body, seq_num) in [("a", 0), ("b", 1)] {
+        session.submit(&batch(&[body]), &Conditions::default()).expect("submit");
+        let ack = session.recv().expect("an answer").result;
+        assert_eq!(ack.expect("acknowledged").start.seq_num, seq_num);
+    }
+    assert_eq!(server.join().expect("the scripted server").len(), 2, "two connections");
+}
+
 /// A session whose connection failed is closed (module docs): it refuses the next batch,
 /// so its caller opens a new one, instead of taking batches it can only fail.
 #[test]

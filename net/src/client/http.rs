@@ -91,6 +91,26 @@ pub struct Streaming {
 }
 
 impl Streaming {
+    /// The response whose head (`status`, `headers` as [`read_head`] gives them)
+    /// `reader` has just given, its body to read as it arrives.
+    pub fn after_head<R: BufRead + Send + 'static>(
+        reader: R,
+        method: &str,
+        status: u16,
+        headers: Vec<(String, String)>,
+    ) -> Self {
+        let body: Box<dyn BufRead + Send> = if method == "HEAD" || status == 204 || status == 304 {
+            Box::new(io::empty())
+        } else if is_chunked(&headers) {
+            Box::new(BufReader::new(Chunked::new(reader)))
+        } else if let Some(len) = find(&headers, "content-length").and_then(|v| v.parse().ok()) {
+            Box::new(reader.take(len))
+        } else {
+            Box::new(reader)
+        };
+        Streaming { status, headers, body }
+    }
+
     pub fn header(&self, name: &str) -> Option<&str> {
         let name = name.to_ascii_lowercase();
         self.headers.iter().find(|(n, _)| *n == name).map(|(_, v)| v.as_str())
@@ -169,17 +189,51 @@ pub fn streaming<R: BufRead + Send + 'static>(
     line: &mut String,
 ) -> io::Result<Streaming> {
     let (status, headers) = read_head(&mut reader, line)?;
-    let find = |name: &str| headers.iter().find(|(n, _)| n == name).map(|(_, v)| v.clone());
-    let body: Box<dyn BufRead + Send> = if method == "HEAD" || status == 204 || status == 304 {
-        Box::new(io::empty())
-    } else if find("transfer-encoding").is_some_and(|v| v.eq_ignore_ascii_case("chunked")) {
-        Box::new(BufReader::new(Chunked { inner: reader, left: 0, done: false }))
-    } else if let Some(len) = find("content-length").and_then(|v| v.parse::<u64>().ok()) {
-        Box::new(reader.take(len))
-    } else {
-        Box::new(reader)
-    };
-    Ok(Streaming { status, headers, body })
+    Ok(Streaming::after_head(reader, method, status, headers))
+}
+
+/// A header's value, from headers as [`read_head`] gives them (names lowercased).
+fn find<'a>(headers: &'a [(String, String)], name: &str) -> Option<&'a str> {
+    headers.iter().find(|(n, _)| n == name).map(|(_, v)| v.as_str())
+}
+
+/// Whether a body comes in chunks (`Transfer-Encoding: chunked`).
+pub fn is_chunked(headers: &[(String, String)]) -> bool {
+    find(headers, "transfer-encoding").is_some_and(|v| v.eq_ignore_ascii_case("chunked"))
+}
+
+/// A chunked body on a connection, read as it arrives, that can tell whether bytes of it
+/// have come that nothing has read yet (an append session's answer).
+pub struct ChunkedBody(BufReader<Chunked<BufReader<TcpStream>>>);
+
+impl ChunkedBody {
+    /// The body of the answer whose head `reader` has just given.
+    pub fn new(reader: BufReader<TcpStream>) -> Self {
+        ChunkedBody(BufReader::new(Chunked::new(reader)))
+    }
+
+    /// Whether bytes of the body have come that nothing has read: in the buffers, or
+    /// due in the chunk being read. The socket itself is not asked.
+    pub fn has_unread(&self) -> bool {
+        let chunked = self.0.get_ref();
+        !self.0.buffer().is_empty() || chunked.left > 0 || !chunked.inner.buffer().is_empty()
+    }
+}
+
+impl Read for ChunkedBody {
+    fn read(&mut self, buf: &mut [u8]) -> io::Result<usize> {
+        self.0.read(buf)
+    }
+}
+
+impl BufRead for ChunkedBody {
+    fn fill_buf(&mut self) -> io::Result<&[u8]> {
+        self.0.fill_buf()
+    }
+
+    fn consume(&mut self, amount: usize) {
+        self.0.consume(amount);
+    }
 }
 
 /// Decodes a chunked body.
@@ -188,6 +242,12 @@ struct Chunked<R> {
     /// Bytes left in the current chunk.
     left: u64,
     done: bool,
+}
+
+impl<R> Chunked<R> {
+    fn new(inner: R) -> Self {
+        Chunked { inner, left: 0, done: false }
+    }
 }
 
 impl<R: BufRead> Read for Chunked<R> {
@@ -305,7 +365,7 @@ pub fn encode_head(
 
 /// The rest of a response head after its status line (in `line`): the status, and the
 /// headers with names lowercased, in order.
-fn read_head<R: BufRead>(
+pub fn read_head<R: BufRead>(
     reader: &mut R,
     line: &mut String,
 ) -> io::Result<(u16, Vec<(String, String)>)> {
@@ -341,13 +401,13 @@ pub fn read_response<R: BufRead>(reader: &mut R, method: &str) -> io::Result<(Re
         ));
     }
     let (status, headers) = read_head(reader, &mut line)?;
-    let find = |name: &str| headers.iter().find(|(n, _)| n == name).map(|(_, v)| v.as_str());
-    let mut reusable = !find("connection").is_some_and(|v| v.eq_ignore_ascii_case("close"));
+    let mut reusable =
+        !find(&headers, "connection").is_some_and(|v| v.eq_ignore_ascii_case("close"));
     let mut body = Vec::new();
     if method == "HEAD" || status == 204 || status == 304 {
-    } else if find("transfer-encoding").is_some_and(|v| v.eq_ignore_ascii_case("chunked")) {
-        Chunked { inner: &mut *reader, left: 0, done: false }.read_to_end(&mut body)?;
-    } else if let Some(len) = find("content-length").and_then(|v| v.parse::<usize>().ok()) {
+    } else if is_chunked(&headers) {
+        Chunked::new(&mut *reader).read_to_end(&mut body)?;
+    } else if let Some(len) = find(&headers, "content-length").and_then(|v| v.parse().ok()) {
         body.resize(len, 0);
         reader.read_exact(&mut body)?;
     } else {

@@ -42,7 +42,7 @@ use std::time::{Duration, Instant};
 
 use engine::framing::{self, Frame};
 
-use super::http::{self, Server};
+use super::http::{self, ChunkedBody, Server};
 use super::{
     Ack, Address, ApiError, Batch, Conditions, Error, Format, Position, Result, api_error_frame,
     read_frame,
@@ -54,6 +54,9 @@ const HEAD_PENDING: u8 = 0;
 const ANSWERING: u8 = 1;
 /// Its head never came, or was an error answer: the session never began.
 const HEAD_FAILED: u8 = 2;
+/// Bytes of it came behind the last ack read (an error or an end frame, when no batch
+/// is in flight): the server has ended the session.
+const MORE_CAME: u8 = 3;
 
 /// A streamed session's request `Content-Type` (the server's `append_session.rs`).
 const SESSION_MEDIA_TYPE: &str = "application/x-nova-records; session=true";
@@ -101,9 +104,10 @@ struct Connection {
     /// before the socket is shut).
     idle: bool,
     /// Where a streamed session's answer is ([`HEAD_PENDING`], [`ANSWERING`],
-    /// [`HEAD_FAILED`]): once it has begun (its head read), with nothing in flight, any
-    /// byte that comes (an end or an error frame) or the connection's end means the
-    /// session is over; a head that failed means it never began.
+    /// [`HEAD_FAILED`], [`MORE_CAME`]): once it has begun (its head read), with nothing
+    /// in flight, any byte that came behind the last ack (an end or an error frame) or
+    /// the connection's end means the session is over; a head that failed means it
+    /// never began.
     answer: Arc<AtomicU8>,
 }
 
@@ -175,7 +179,7 @@ impl Connection {
         if self.format == Format::Binary {
             match self.answer.load(Ordering::Acquire) {
                 ANSWERING => {}
-                HEAD_FAILED => return true,
+                HEAD_FAILED | MORE_CAME => return true,
                 _ => return false,
             }
         }
@@ -541,9 +545,11 @@ impl Cut {
 }
 
 /// Reads a streamed session's answer: its head at once (its state then set, for
-/// [`Connection::closed_by_server`]), then one ack frame per ticket, in order. Once it
-/// ends (an error frame, an error answer, a failed connection), answers every remaining
-/// ticket from how it ended.
+/// [`Connection::closed_by_server`]), then one ack frame per ticket, in order, saying
+/// before each ack goes to the caller whether more of the answer came behind it (read
+/// in the same gulp, it is in no socket a peek could see). Once the answer ends (an
+/// error frame, an error answer, a failed connection), answers every remaining ticket
+/// from how it ended.
 fn read_stream(
     stream: TcpStream,
     sent: &Receiver<(u64, Instant)>,
@@ -561,7 +567,10 @@ fn read_stream(
             Some((first, cut)) => Err(cut.behind(*first)),
             None => {
                 let next = match &mut answer {
-                    Ok(body) => next_ack(body, &mut frame),
+                    Ok(body) => next_ack(body, &mut frame).inspect(|_| {
+                        let more = if body.has_unread() { MORE_CAME } else { ANSWERING };
+                        state.store(more, Ordering::Release);
+                    }),
                     Err(cut) => Err(cut.clone()),
                 };
                 next.map_err(|cut| {
@@ -584,41 +593,38 @@ fn read_stream(
 }
 
 /// A streamed session's answer head; its body, the frames, to read as they come.
-fn open_answer(
-    mut reader: BufReader<TcpStream>,
-) -> std::result::Result<Box<dyn std::io::BufRead + Send>, Cut> {
+fn open_answer(mut reader: BufReader<TcpStream>) -> std::result::Result<ChunkedBody, Cut> {
     use std::io::BufRead as _;
     let mut line = String::new();
     if reader.read_line(&mut line).map_err(|e| Cut::lost(&e))? == 0 {
         let closed = "the server closed the connection";
         return Err(Cut::Lost(std::io::ErrorKind::UnexpectedEof, closed.into()));
     }
-    let answer = http::streaming(reader, "POST", &mut line).map_err(|e| Cut::lost(&e))?;
-    if answer.status != 200 {
+    let (status, headers) = http::read_head(&mut reader, &mut line).map_err(|e| Cut::lost(&e))?;
+    if status != 200 {
+        let answer = http::Streaming::after_head(reader, "POST", status, headers);
         let response = answer.finish().map_err(|e| Cut::lost(&e))?;
         return Err(Cut::from_error(Error::from_response(&response)));
     }
-    let session = answer.header("content-type").is_some_and(|media| {
-        media.split(';').skip(1).any(|p| p.trim().eq_ignore_ascii_case("session=true"))
+    let session = headers.iter().any(|(name, media)| {
+        name == "content-type"
+            && media.split(';').skip(1).any(|p| p.trim().eq_ignore_ascii_case("session=true"))
     });
-    if !session {
+    if !session || !http::is_chunked(&headers) {
         let why = "the server answered an append session as something else (a server older \
                    than append sessions?)";
         return Err(Cut::Lost(std::io::ErrorKind::InvalidData, why.into()));
     }
-    Ok(answer.body)
+    Ok(ChunkedBody::new(reader))
 }
 
 /// The next ack of a streamed session's answer.
-fn next_ack(
-    body: &mut Box<dyn std::io::BufRead + Send>,
-    frame: &mut Vec<u8>,
-) -> std::result::Result<Ack, Cut> {
+fn next_ack(body: &mut ChunkedBody, frame: &mut Vec<u8>) -> std::result::Result<Ack, Cut> {
     let cut_short = || {
         let why = "the session's answer ended before this batch's ack";
         Cut::Lost(std::io::ErrorKind::UnexpectedEof, why.into())
     };
-    if !read_frame(&mut **body, frame).map_err(|e| Cut::lost(&e))? {
+    if !read_frame(body, frame).map_err(|e| Cut::lost(&e))? {
         return Err(cut_short());
     }
     let invalid = |why: String| Cut::Lost(std::io::ErrorKind::InvalidData, why);
