@@ -107,11 +107,32 @@ impl ClosedLoop {
     }
 }
 
+/// What one turn of a closed-loop producer came to.
+pub enum Turn {
+    /// One operation acknowledged; its latency is the turn's.
+    Acked,
+    /// One operation acknowledged, this long after it was sent: a pipelined producer's
+    /// turn sends one and takes the oldest one's acknowledgement.
+    AckedAfter(Duration),
+    /// Refused (a throttle, a full server): counted, not timed.
+    Refused,
+    /// Sent, with nothing acknowledged yet (a pipeline filling): not counted.
+    Sent,
+}
+
+impl From<bool> for Turn {
+    /// A request waited for: `true` when acknowledged, `false` when refused.
+    fn from(acked: bool) -> Self {
+        if acked { Turn::Acked } else { Turn::Refused }
+    }
+}
+
 /// Runs `producers` closed loops, each on its own thread calling the operation
 /// `make(producer)` returns (one request, waiting for its answer: `true` when
-/// acknowledged, `false` when refused) back to back: for `warmup`, then, once every
-/// producer is warm, for `measure`. `at_start` runs just as the measured time starts.
-pub fn closed_loop<F>(
+/// acknowledged, `false` when refused; or a [`Turn`]) back to back: for `warmup`, then,
+/// once every producer is warm, for `measure`. `at_start` runs just as the measured
+/// time starts.
+pub fn closed_loop<F, T>(
     producers: usize,
     warmup: Duration,
     measure: Duration,
@@ -119,7 +140,8 @@ pub fn closed_loop<F>(
     at_start: impl FnOnce(),
 ) -> ClosedLoop
 where
-    F: FnMut() -> bool + Send + 'static,
+    F: FnMut() -> T + Send + 'static,
+    T: Into<Turn>,
 {
     let gate = Arc::new(Barrier::new(producers + 1));
     let threads: Vec<_> = (0..producers)
@@ -136,12 +158,17 @@ where
                 let started = Instant::now();
                 while started.elapsed() < measure {
                     let sent = Instant::now();
-                    if op() {
-                        latency.record(sent.elapsed().as_micros() as u64).expect("in range");
-                        acked += 1;
-                    } else {
-                        refused += 1;
-                    }
+                    let took = match op().into() {
+                        Turn::Acked => sent.elapsed(),
+                        Turn::AckedAfter(took) => took,
+                        Turn::Refused => {
+                            refused += 1;
+                            continue;
+                        }
+                        Turn::Sent => continue,
+                    };
+                    latency.record(took.as_micros() as u64).expect("in range");
+                    acked += 1;
                 }
                 ClosedLoop { acked, refused, elapsed: started.elapsed(), latency }
             })

@@ -13,6 +13,10 @@
 //! The server is the `nova` found next to this binary (`target/ci/nova`, or
 //! `target/release/nova` for a release build); the bench never builds it.
 //!
+//! The binary framing once more in append sessions (one streamed request carrying many
+//! batches, acknowledged in order: `docs/api.md`), through the Rust client that `nova
+//! append` and the load generator use, to one stream.
+//!
 //! A second reference, for the binary cases: the same producers appending the same
 //! batches to a node in this process (no HTTP, no sockets), which tells the server's
 //! cost from the engine's. And the binary cases once more against a server with auth on
@@ -46,6 +50,10 @@ const RECORD_BYTES: usize = 1024;
 /// server waited on group commits with a fifth of the machine idle; 64 keep it busy.
 const CONNECTIONS: usize = 64;
 const BINARY_MEDIA_TYPE: &str = "application/x-nova-records";
+/// Append sessions of a session case (the Rust client's, each on its connection), and
+/// the batches each keeps in flight: as many in flight as the request cases' connections.
+const SESSIONS: usize = 4;
+const SESSION_IN_FLIGHT: usize = CONNECTIONS / SESSIONS;
 /// Reader connections of the read-back cases, each a closed loop of page reads.
 const READERS: usize = 4;
 /// Records (1 KiB each) per page of the read-back cases: 1 MiB and 16 MiB of content,
@@ -70,6 +78,19 @@ struct Durations {
 enum Format {
     Json,
     Binary,
+    /// The binary framing in append sessions (`docs/api.md`): [`SESSIONS`] streamed
+    /// requests, each keeping [`SESSION_IN_FLIGHT`] batches in flight.
+    Session,
+}
+
+impl Format {
+    fn label(self) -> &'static str {
+        match self {
+            Format::Json => "JSON",
+            Format::Binary => "binary",
+            Format::Session => "binary, sessions",
+        }
+    }
 }
 
 #[derive(Clone, Copy)]
@@ -104,6 +125,24 @@ struct Outcome {
     /// content (every writer on the machine: the server's journal, objects and their
     /// writeback, and what an earlier case left to settle); `None` with no device.
     disk_per_content: Option<f64>,
+}
+
+impl Outcome {
+    /// A closed loop of appends of `records` records each, `request_bytes` on the wire.
+    fn of(run: &harness::ClosedLoop, spent: &Spent, records: usize, request_bytes: usize) -> Self {
+        let content = run.total((records * RECORD_BYTES) as u64);
+        let (server_cpu_per_gb, client_cpu_per_gb) = spent.per_gb(content);
+        Outcome {
+            appends_per_second: run.rate(1),
+            content_bytes_per_second: run.rate((records * RECORD_BYTES) as u64),
+            request_bytes_per_second: run.rate(request_bytes as u64),
+            latency: Percentiles::of(&run.latency),
+            refused: run.refused,
+            server_cpu_per_gb,
+            client_cpu_per_gb,
+            disk_per_content: spent.disk_per_content(content),
+        }
+    }
 }
 
 /// What a case spent, read when the measured time starts and again at its end: the CPU
@@ -348,7 +387,8 @@ fn append_body(format: Format, records: usize) -> (&'static str, Vec<u8>) {
             }
             (BINARY_MEDIA_TYPE, builder.finish(&AppendConditions::default()))
         }
-        Format::Json => {
+        Format::Json | Format::Session => {
+            assert!(format == Format::Json, "a session's batches are the client's");
             let body = "b".repeat(RECORD_BYTES);
             let record = format!("{{\"body\":\"{body}\"}}");
             let json = format!("{{\"records\":[{}]}}", vec![record; records].join(","));
@@ -358,11 +398,14 @@ fn append_body(format: Format, records: usize) -> (&'static str, Vec<u8>) {
 }
 
 fn run_case(server: &Server, case: Case, durations: &Durations) -> Outcome {
+    if case.format == Format::Session {
+        return run_session_case(server, case, durations);
+    }
     let (content_type, body) = append_body(case.format, case.records);
     let body = Arc::new(body);
     let tag = match case.format {
         Format::Json => "json",
-        Format::Binary => "bin",
+        _ => "bin",
     };
     let mut spent = Spent::of(Some(server.child.id()), &server.data_dir);
     let run = harness::closed_loop(
@@ -399,19 +442,54 @@ fn run_case(server: &Server, case: Case, durations: &Durations) -> Outcome {
         },
         || spent.start(),
     );
-    let content = run.total((case.records * RECORD_BYTES) as u64);
-    let (server_cpu_per_gb, client_cpu_per_gb) = spent.per_gb(content);
-    let disk_per_content = spent.disk_per_content(content);
-    Outcome {
-        appends_per_second: run.rate(1),
-        content_bytes_per_second: run.rate((case.records * RECORD_BYTES) as u64),
-        request_bytes_per_second: run.rate(body.len() as u64),
-        latency: Percentiles::of(&run.latency),
-        refused: run.refused,
-        server_cpu_per_gb,
-        client_cpu_per_gb,
-        disk_per_content,
+    Outcome::of(&run, &spent, case.records, body.len())
+}
+
+/// A session case: [`SESSIONS`] append sessions of the Rust client (`net::client`), each
+/// a closed loop that keeps [`SESSION_IN_FLIGHT`] batches in flight (a turn sends one
+/// and takes the oldest one's ack), the streams shared among them; latency from a
+/// batch's submit to its ack.
+fn run_session_case(server: &Server, case: Case, durations: &Durations) -> Outcome {
+    use harness::Turn;
+    use net::client::{Address, Batch, Client, Conditions};
+    let url = format!("http://{}", server.authority);
+    let client = Client::new(&url).expect("the server's url");
+    let mut batch = Batch::new();
+    let body = vec![0x42u8; RECORD_BYTES];
+    for _ in 0..case.records {
+        batch.push::<&[u8], &[u8]>(&[], &body).expect("a record fits");
     }
+    // What goes on the wire per batch: its length, then the same append body.
+    let request_bytes = append_body(Format::Binary, case.records).1.len() + 4;
+    let mut spent = Spent::of(Some(server.child.id()), &server.data_dir);
+    let run = harness::closed_loop(
+        SESSIONS,
+        durations.warmup,
+        durations.measure,
+        |s| {
+            let key = format!("session-{}-{}-{}", case.streams, case.records, s % case.streams);
+            let address = Address::new(BUCKET, &key);
+            let mut session =
+                client.append_session(&address, SESSION_IN_FLIGHT).expect("open a session");
+            let batch = batch.clone();
+            move || {
+                session.submit(&batch, &Conditions::default()).expect("submit a batch");
+                if session.pending() < SESSION_IN_FLIGHT {
+                    return Turn::Sent;
+                }
+                let ack = session.recv().expect("a batch is pending");
+                match ack.result {
+                    Ok(_) => Turn::AckedAfter(ack.latency),
+                    Err(net::client::Error::Api(api)) if api.retry_after_seconds.is_some() => {
+                        Turn::Refused
+                    }
+                    Err(error) => panic!("append session to {key}: {error}"),
+                }
+            }
+        },
+        || spent.start(),
+    );
+    Outcome::of(&run, &spent, case.records, request_bytes)
 }
 
 /// The records stream `key` holds: its tail's seq_num (CheckTail).
@@ -549,21 +627,10 @@ fn in_process(data_dir: &Path, case: Case, durations: &Durations) -> Outcome {
         },
         || spent.start(),
     );
-    let content = run.total((case.records * RECORD_BYTES) as u64);
-    let (server_cpu_per_gb, client_cpu_per_gb) = spent.per_gb(content);
-    let disk_per_content = spent.disk_per_content(content);
+    let outcome = Outcome::of(&run, &spent, case.records, framed.len());
     drop(client);
     node.stop();
-    Outcome {
-        appends_per_second: run.rate(1),
-        content_bytes_per_second: run.rate((case.records * RECORD_BYTES) as u64),
-        request_bytes_per_second: run.rate(framed.len() as u64),
-        latency: Percentiles::of(&run.latency),
-        refused: 0,
-        server_cpu_per_gb,
-        client_cpu_per_gb,
-        disk_per_content,
-    }
+    outcome
 }
 
 /// One loopback TCP connection: the bytes per second of the best of `passes`, and the
@@ -717,6 +784,11 @@ pub fn run(quick: bool) -> Result<(), String> {
             }
         }
     }
+    // A session is one stream's, so sessions to 100 streams would be 100 sessions of a
+    // batch or two in flight each: what the request cases already measure.
+    for records in [1, 64] {
+        cases.push(Case { format: Format::Session, streams: 1, records });
+    }
     // Each case on a server of its own, as the engine alone below: a case does not pay
     // for the settling of the ones before it. The binary cases also run against a server
     // with auth on (every request carrying a token), each right after the same case with
@@ -772,7 +844,8 @@ pub fn run(quick: bool) -> Result<(), String> {
     println!(
         "Server: {} (knobs: {}), a new one for each case (and the engine alone a new \
          node), its data under target/bench-http. Client: {CONNECTIONS} keep-alive connections, each a closed loop \
-         on its own thread; {:.1} s measured per case after {:.1} s of warm-up. Reference in \
+         on its own thread (sessions: {SESSIONS} append sessions of the Rust client, each \
+         keeping {SESSION_IN_FLIGHT} batches in flight, latency from submit to ack); {:.1} s measured per case after {:.1} s of warm-up. Reference in \
          the same run: one loopback TCP connection, 128 KiB writes, best of {} passes of \
          {:.1} s before and after the cases: {:.0} MB/s (before {:.0}, after {:.0}), its \
          sender and receiver spending {loopback_cpu_per_gb:.2} core-seconds per GB. CPU \
@@ -824,10 +897,7 @@ pub fn run(quick: bool) -> Result<(), String> {
         println!(
             "| {} | {} | {} | {:.0} | {:.1} | {:.1} | {:.3} | {} | {} | {} | {:.2} | {:.2} | \
              {cpu_bound:.0} | {disk_text} | {alone_text} |",
-            match case.format {
-                Format::Json => "JSON",
-                Format::Binary => "binary",
-            },
+            case.format.label(),
             case.streams,
             case.records,
             outcome.appends_per_second,
@@ -844,14 +914,15 @@ pub fn run(quick: bool) -> Result<(), String> {
     let target = cases
         .iter()
         .zip(&outcomes)
-        .filter(|(case, _)| case.format == Format::Binary && case.records == 64)
+        .filter(|(case, _)| case.format != Format::Json && case.records == 64)
         .map(|(case, outcome)| {
             let disk_bound = match outcome.disk_per_content {
                 Some(per) => format!(", the disk's bound {:.2}", disk / per / loopback),
                 None => String::new(),
             };
+            let sessions = if case.format == Format::Session { " in sessions" } else { "" };
             format!(
-                "{} stream(s): {:.2}{disk_bound}",
+                "{} stream(s){sessions}: {:.2}{disk_bound}",
                 case.streams,
                 outcome.content_bytes_per_second / loopback
             )
