@@ -762,14 +762,15 @@ impl Client {
         only: Option<StreamId>,
         op: Op,
     ) -> Result<Reply> {
-        match self.route(bucket, key, door, only, op, None).await? {
+        match self.route(bucket, key, door, only, op, None).await?.1 {
             Routed::Done(result) => result,
             Routed::Sequenced(pending) => pending.reply().await,
         }
     }
 
     /// Sends `op` to the stream's leader and waits for its answer, or, for an append
-    /// with a `sequenced` signal, only until the leader has sequenced it.
+    /// with a `sequenced` signal, only until the leader has sequenced it. The stream it
+    /// reached, and how.
     async fn route(
         &self,
         bucket: &BucketName,
@@ -778,7 +779,7 @@ impl Client {
         only: Option<StreamId>,
         mut op: Op,
         sequenced: Option<&flume::Receiver<()>>,
-    ) -> Result<Routed> {
+    ) -> Result<(StreamId, Routed)> {
         let address = (bucket.clone(), key.clone());
         for attempt in 0..ATTEMPTS_MAX {
             let cached = if attempt == 0 { self.cached(&address) } else { None };
@@ -814,6 +815,7 @@ impl Client {
                 }
                 return Err(Error::stream_not_found(bucket, key));
             }
+            let stream = record.id;
             let answer = self.send(record, op).await?;
             let answered = match sequenced {
                 None => answer.recv_async().await,
@@ -829,12 +831,14 @@ impl Client {
                     let answered = async { Some(answer.recv_async().await) };
                     match futures_lite::future::or(signalled, answered).await {
                         Some(answered) => answered,
-                        None => return Ok(Routed::Sequenced(PendingAck::Waiting(answer))),
+                        None => {
+                            return Ok((stream, Routed::Sequenced(PendingAck::Waiting(answer))));
+                        }
                     }
                 }
             };
             match answered.map_err(|_| stopped())? {
-                Answer::Done(result) => return Ok(Routed::Done(result)),
+                Answer::Done(result) => return Ok((stream, Routed::Done(result))),
                 Answer::Stale(returned) => {
                     self.forget(&address);
                     op = returned;
@@ -885,27 +889,33 @@ impl Client {
         }
     }
 
-    /// Appends one batch (creating the stream if its bucket says so), returning once the
-    /// leader has sequenced it: the acknowledgement comes from the [`PendingAck`] once
-    /// it is durable. A caller that awaits this before its next append has its batches
-    /// sequenced in the order it made them, while they become durable together (an
-    /// append session). A refusal (a limit, a condition, a fencing token) is this call's
-    /// error: nothing of the batch landed.
+    /// Appends one batch, returning once the leader has sequenced it: the stream it went
+    /// to, and the [`PendingAck`] the acknowledgement comes from once it is durable. A
+    /// caller that awaits this before its next append has its batches sequenced in the
+    /// order it made them, while they become durable together (an append session). With
+    /// `only`, the batch goes to that stream or nowhere (NotFound once the address names
+    /// no stream or another one, which is never created); without, the stream is created
+    /// if its bucket says so. A refusal (a limit, a condition, a fencing token) is this
+    /// call's error: nothing of the batch landed.
     pub async fn append_sequenced(
         &self,
         bucket: &BucketName,
         key: &StreamKey,
+        only: Option<StreamId>,
         request: AppendRequest,
-    ) -> Result<PendingAck> {
+    ) -> Result<(StreamId, PendingAck)> {
         let (signal, sequenced) = flume::bounded(1);
         let op = Op::Append { request, sequenced: Some(signal) };
-        match self.route(bucket, key, Door::Append, None, op, Some(&sequenced)).await? {
+        let door = if only.is_some() { Door::Observe } else { Door::Append };
+        let (stream, routed) = self.route(bucket, key, door, only, op, Some(&sequenced)).await?;
+        let pending = match routed {
             Routed::Done(result) => match result? {
-                Reply::Appended(ack) => Ok(PendingAck::Ready(ack)),
-                other => Err(unexpected(&other)),
+                Reply::Appended(ack) => PendingAck::Ready(ack),
+                other => return Err(unexpected(&other)),
             },
-            Routed::Sequenced(pending) => Ok(pending),
-        }
+            Routed::Sequenced(pending) => pending,
+        };
+        Ok((stream, pending))
     }
 
     /// Reads one page (creating the stream if its bucket says so).

@@ -206,11 +206,15 @@ fn sequenced_appends_keep_their_order_and_become_durable_together() {
     block_on(client.append(&bucket, &k, plain(&["first"]))).expect("append");
     let slow = StreamOptionsPatch { batch_max_delay_ms: Some(60_000), ..Default::default() };
     block_on(client.reconfigure(&bucket, &k, slow)).expect("reconfigure");
+    let mut stream = None;
     let mut durable: Vec<_> = (0..20)
         .map(|i| {
             let request = plain(&[&format!("b{i}")]);
-            let pending = block_on(client.append_sequenced(&bucket, &k, request));
-            Box::pin(pending.expect("sequenced").durable())
+            let sequenced = block_on(client.append_sequenced(&bucket, &k, stream, request));
+            let (to, pending) = sequenced.expect("sequenced");
+            assert!(stream.is_none_or(|id| id == to), "the stream it was pinned to");
+            stream = Some(to);
+            Box::pin(pending.durable())
         })
         .collect();
     for ack in &mut durable {
@@ -218,7 +222,8 @@ fn sequenced_appends_keep_their_order_and_become_durable_together() {
     }
     let wrong =
         batch(&[b"x".to_vec()], AppendConditions { match_seq_num: Some(0), ..Default::default() });
-    let refused = block_on(client.append_sequenced(&bucket, &k, wrong)).expect_err("refused");
+    let refused =
+        block_on(client.append_sequenced(&bucket, &k, stream, wrong)).expect_err("refused");
     assert_eq!((refused.code(), refused.next_seq_num()), (Code::FailedPrecondition, Some(21)));
     drop(client);
     node.stop();
@@ -226,6 +231,33 @@ fn sequenced_appends_keep_their_order_and_become_durable_together() {
         let ack = block_on(ack).expect("acknowledged at the stop");
         assert_eq!((ack.start.seq_num, ack.end.seq_num), (i as u64 + 1, i as u64 + 2), "in order");
     }
+}
+
+/// A sequenced append pinned to its stream goes there or nowhere: once the stream is
+/// deleted it is NotFound, and its bucket's create-on-append makes no successor for it
+/// (an append session stays on the stream it began on).
+#[test]
+fn a_pinned_sequenced_append_never_reaches_a_successor() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let node = start(config(dir.path(), 2));
+    let client = node.client();
+    let bucket = make_bucket(&client, "pinned", StorageClass::Express, true);
+    let k = key("k");
+    let (stream, pending) =
+        block_on(client.append_sequenced(&bucket, &k, None, plain(&["a"]))).expect("created");
+    block_on(pending.durable()).expect("durable");
+    let (again, pending) =
+        block_on(client.append_sequenced(&bucket, &k, Some(stream), plain(&["b"]))).expect("b");
+    assert_eq!(again, stream);
+    assert_eq!(block_on(pending.durable()).expect("durable").start.seq_num, 1);
+    block_on(client.delete_stream(&bucket, &k)).expect("delete");
+    let refused = block_on(client.append_sequenced(&bucket, &k, Some(stream), plain(&["c"])))
+        .expect_err("the stream is gone");
+    assert_eq!(refused.code(), Code::NotFound);
+    let tail = block_on(client.check_tail(&bucket, &k)).map_err(|e| e.code());
+    assert_eq!(tail, Err(Code::NotFound), "no successor was created");
+    drop(client);
+    node.stop();
 }
 
 /// One node per data directory: a second one is refused before it touches anything.

@@ -21,7 +21,6 @@ use engine::node::{Client, ServiceStop};
 use engine::shard::{AppendRequest, PlanRequest, ReadReply, ReadRequest, TrimTo};
 use engine::stream::{PageLimits, ReadStart};
 use engine::timestamp;
-use glommio::sync::StaticPermit;
 use http_body_util::BodyExt as _;
 use hyper::body::Incoming;
 use hyper::header::{self, HeaderValue};
@@ -29,6 +28,7 @@ use hyper::{Method, Request, Response, StatusCode};
 use percent_encoding::percent_decode_str;
 use serde_json::{Value, json};
 
+use crate::arrived::Arrived;
 use crate::auth::{Auth, Caller, CallerCache};
 use crate::body::Body;
 use crate::error::{ApiError, position};
@@ -121,7 +121,7 @@ impl Shared {
     /// Nothing of the shard's body memory yet, to hold a request's body with.
     pub(crate) fn body_memory(&self) -> BodyMemory {
         BodyMemory {
-            permits: Vec::new(),
+            memory: Rc::clone(&self.body_memory),
             bytes: 0,
             metrics: Arc::clone(&self.metrics),
             shard: self.shard,
@@ -135,15 +135,12 @@ impl Shared {
         if bytes == 0 {
             return Ok(());
         }
-        match self.body_memory.try_acquire_static_permit(bytes) {
-            Ok(permit) => {
-                memory.permits.push(permit);
-                memory.bytes += bytes;
-                self.metrics.body_bytes_held(self.shard, bytes);
-                Ok(())
-            }
-            Err(_) => Err(self.body_memory_full(bytes)),
+        if !self.body_memory.try_acquire(bytes).unwrap_or(false) {
+            return Err(self.body_memory_full(bytes));
         }
+        memory.bytes += bytes;
+        self.metrics.body_bytes_held(self.shard, bytes);
+        Ok(())
     }
 
     /// Refuses a body of `bytes` that the shard's body memory could not hold now.
@@ -178,7 +175,9 @@ struct Held<T> {
 
 /// What one request holds of its shard's body memory: given back when dropped.
 pub(crate) struct BodyMemory {
-    permits: Vec<StaticPermit>,
+    /// The shard's body memory, given `bytes` back on drop (one count, however many
+    /// pieces took them).
+    memory: Rc<glommio::sync::Semaphore>,
     bytes: u64,
     metrics: Arc<Metrics>,
     shard: usize,
@@ -193,6 +192,9 @@ impl BodyMemory {
 
 impl Drop for BodyMemory {
     fn drop(&mut self) {
+        if self.bytes > 0 {
+            self.memory.signal(self.bytes);
+        }
         self.metrics.body_bytes_released(self.shard, self.bytes);
     }
 }
@@ -487,8 +489,9 @@ async fn route(
                 }
                 (None, _) => ("stream", not_allowed("POST, GET, PATCH, DELETE")),
                 (Some("records"), Method::POST) if crate::append_session::is_session(&request) => {
-                    let verb =
-                        async { Ok(crate::append_session::open(shared, bucket, key, request)) };
+                    let verb = async {
+                        Ok(crate::append_session::open(shared, &caller, bucket, key, request))
+                    };
                     ("append_session", bare(gate(Access::Write, stream), verb).await)
                 }
                 (Some("records"), Method::POST) => {
@@ -793,7 +796,7 @@ async fn read_pieces(
         request.into_body(),
         usize::try_from(limit).unwrap_or(usize::MAX),
     );
-    let mut pieces = Vec::new();
+    let mut arrived = Arrived::default();
     let idle = shared.settings.idle_timeout;
     loop {
         let next = futures_lite::future::or(async { Some(limited.frame().await) }, async {
@@ -812,7 +815,7 @@ async fn read_pieces(
             Ok(frame) => {
                 if let Ok(piece) = frame.into_data() {
                     shared.hold_body(piece.len() as u64, &mut memory)?;
-                    pieces.push(piece);
+                    arrived.push(piece);
                 }
             }
             Err(error) if error.is::<http_body_util::LengthLimitError>() => {
@@ -823,7 +826,7 @@ async fn read_pieces(
             }
         }
     }
-    Ok(Held { body: pieces, memory })
+    Ok(Held { body: arrived.take_all(), memory })
 }
 
 // ---- Operations -----------------------------------------------------------------------

@@ -36,11 +36,11 @@
 //! sequenced are acknowledged, with `unavailable`.
 
 use std::cell::Cell;
-use std::collections::VecDeque;
 use std::rc::Rc;
 
 use bytes::Bytes;
 use engine::framing::{self, FramedBody};
+use engine::ids::StreamId;
 use engine::names::{BucketName, StreamKey};
 use engine::node::PendingAck;
 use engine::notify::Notify;
@@ -52,6 +52,8 @@ use hyper::header::{self, HeaderValue};
 use hyper::{Request, Response};
 
 use crate::api::{self, BodyMemory, Shared};
+use crate::arrived::Arrived;
+use crate::auth::Caller;
 use crate::body::{Body, Chunk};
 use crate::error::ApiError;
 
@@ -70,6 +72,7 @@ pub fn is_session(request: &Request<Incoming>) -> bool {
 /// Starts a session on the request: its answer (200, the frames streamed) at once.
 pub fn open(
     shared: &Rc<Shared>,
+    caller: &Caller,
     bucket: &BucketName,
     key: &StreamKey,
     request: Request<Incoming>,
@@ -81,10 +84,12 @@ pub fn open(
     let state = Rc::new(State::default());
     let reader = Reader {
         shared: Rc::clone(shared),
+        caller: caller.clone(),
         bucket: bucket.clone(),
         key: key.clone(),
+        stream: None,
         body: request.into_body(),
-        buffered: Buffered::default(),
+        arrived: Arrived::default(),
         pending,
         state: Rc::clone(&state),
     };
@@ -146,46 +151,15 @@ impl Drop for Over {
     }
 }
 
-/// Body bytes read and not yet taken, in the pieces hyper read them in.
-#[derive(Default)]
-struct Buffered {
-    pieces: VecDeque<Bytes>,
-    len: usize,
-}
-
-impl Buffered {
-    fn push(&mut self, piece: Bytes) {
-        self.len += piece.len();
-        self.pieces.push_back(piece);
+/// The next batch's length prefix, taken. `arrived.len() >= 4`.
+fn take_prefix(arrived: &mut Arrived) -> u32 {
+    let mut prefix = [0u8; 4];
+    let mut at = 0;
+    for piece in arrived.take(4) {
+        prefix[at..at + piece.len()].copy_from_slice(&piece);
+        at += piece.len();
     }
-
-    /// The first `n` bytes, as slices of the pieces (no copy). `n <= self.len`.
-    fn take(&mut self, mut n: usize) -> Vec<Bytes> {
-        self.len -= n;
-        let mut taken = Vec::new();
-        while n > 0 {
-            let front = self.pieces.front_mut().expect("n <= len");
-            if front.len() <= n {
-                n -= front.len();
-                taken.push(self.pieces.pop_front().expect("a front"));
-            } else {
-                taken.push(front.split_to(n));
-                n = 0;
-            }
-        }
-        taken
-    }
-
-    /// The next batch's length prefix, taken. `self.len >= 4`.
-    fn take_prefix(&mut self) -> u32 {
-        let mut prefix = [0u8; 4];
-        let mut at = 0;
-        for piece in self.take(4) {
-            prefix[at..at + piece.len()].copy_from_slice(&piece);
-            at += piece.len();
-        }
-        u32::from_le_bytes(prefix)
-    }
+    u32::from_le_bytes(prefix)
 }
 
 /// Why the reader stopped filling its buffer.
@@ -200,10 +174,14 @@ enum Stop {
 
 struct Reader {
     shared: Rc<Shared>,
+    /// Who opened the session: their token is checked again before each batch.
+    caller: Caller,
     bucket: BucketName,
     key: StreamKey,
+    /// The stream the first batch went to: every later one goes there or nowhere.
+    stream: Option<StreamId>,
     body: Incoming,
-    buffered: Buffered,
+    arrived: Arrived,
     pending: flume::Sender<Pending>,
     state: Rc<State>,
 }
@@ -226,12 +204,12 @@ impl Reader {
             }
             match self.fill(4, None).await {
                 Ok(()) => {}
-                Err(Stop::Ended) if self.buffered.len == 0 => return None,
+                Err(Stop::Ended) if self.arrived.is_empty() => return None,
                 Err(Stop::Ended) => return Some(cut_short(batch)),
                 Err(Stop::Over) => return self.stopping(),
                 Err(Stop::Refused(error)) => return Some(error),
             }
-            let len = self.buffered.take_prefix();
+            let len = take_prefix(&mut self.arrived);
             if u64::from(len) > limit.bytes {
                 return Some(ApiError::invalid(format!(
                     "batch {batch} of the session is {len} bytes, over the limit of {} bytes \
@@ -246,10 +224,18 @@ impl Reader {
             if let Err(stop) = self.room().await {
                 return self.stopped(stop, batch);
             }
-            let framed = FramedBody::from_pieces(self.buffered.take(len as usize));
+            let framed = FramedBody::from_pieces(self.arrived.take(len as usize));
+            // A token revoked or expired since the session opened takes no more batches.
+            if let Some(auth) = &self.shared.auth
+                && let Err(error) = auth.still_valid(&self.caller, api::now_ms())
+            {
+                return Some(error);
+            }
             let request = AppendRequest { framed, offered: None };
-            match self.shared.client.append_sequenced(&self.bucket, &self.key, request).await {
-                Ok(ack) => {
+            let (bucket, key) = (&self.bucket, &self.key);
+            match self.shared.client.append_sequenced(bucket, key, self.stream, request).await {
+                Ok((stream, ack)) => {
+                    self.stream = Some(stream);
                     self.state.in_flight.set(self.state.in_flight.get() + 1);
                     if self.pending.send_async(Pending::Batch(ack, memory)).await.is_err() {
                         return None;
@@ -280,7 +266,10 @@ impl Reader {
         match stop {
             Stop::Ended => Some(cut_short(batch)),
             Stop::Over => self.stopping(),
-            Stop::Refused(error) => Some(error),
+            Stop::Refused(mut error) => {
+                error.message = format!("batch {batch} of the session: {}", error.message);
+                Some(error)
+            }
         }
     }
 
@@ -299,7 +288,7 @@ impl Reader {
         })
     }
 
-    /// Reads until `n` bytes are buffered. With `memory` they belong to a batch begun:
+    /// Reads until `n` bytes have arrived. With `memory` they belong to a batch begun:
     /// each byte of it is held in the shard's body memory as it arrives, and a pause of
     /// `--http-idle-timeout-ms` refuses it. Between batches the body may wait for good.
     async fn fill(&mut self, n: usize, mut memory: Option<&mut BodyMemory>) -> Result<(), Stop> {
@@ -308,23 +297,23 @@ impl Reader {
             Stalled,
             Moved,
         }
-        let Reader { shared, body, buffered, state, .. } = self;
+        let Reader { shared, body, arrived, state, .. } = self;
         let idle = shared.settings.idle_timeout;
         loop {
             if let Some(memory) = memory.as_deref_mut() {
-                let due = buffered.len.min(n) as u64 - memory.bytes();
+                let due = arrived.len().min(n) as u64 - memory.bytes();
                 if due > 0 {
                     hold(shared, state, due, memory).await?;
                 }
             }
-            if buffered.len >= n {
+            if arrived.len() >= n {
                 return Ok(());
             }
             if state.over.get() || shared.stopping.is_set() {
                 return Err(Stop::Over);
             }
             let seen = state.changed.generation();
-            let begun = memory.is_some() || buffered.len > 0;
+            let begun = memory.is_some() || !arrived.is_empty();
             let frame = async { Event::Frame(body.frame().await) };
             let stalled = async {
                 if !begun {
@@ -341,8 +330,7 @@ impl Reader {
                 Event::Moved => {}
                 Event::Stalled => {
                     return Err(Stop::Refused(ApiError::invalid(format!(
-                        "the session's body stalled inside a batch: no byte of it for {} ms \
-                         (--http-idle-timeout-ms)",
+                        "its bytes stalled: none for {} ms (--http-idle-timeout-ms)",
                         idle.as_millis()
                     ))));
                 }
@@ -350,14 +338,14 @@ impl Reader {
                 // Trailers, the only other kind of frame, carry nothing nova reads.
                 Event::Frame(Some(Ok(frame))) => {
                     if let Ok(piece) = frame.into_data() {
-                        buffered.push(piece);
+                        arrived.push(piece);
                     }
                 }
                 // Between batches, a body that fails is a client gone: nothing is lost.
                 Event::Frame(Some(Err(_))) if !begun => return Err(Stop::Ended),
                 Event::Frame(Some(Err(error))) => {
                     return Err(Stop::Refused(ApiError::invalid(format!(
-                        "reading the session's body failed: {error}"
+                        "reading it failed: {error}"
                     ))));
                 }
             }

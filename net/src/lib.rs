@@ -19,6 +19,7 @@ pub(crate) use log_line;
 pub mod api;
 mod append_json;
 mod append_session;
+mod arrived;
 pub mod auth;
 pub mod body;
 pub mod cli;

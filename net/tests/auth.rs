@@ -504,8 +504,13 @@ fn the_client_appends_reads_and_subscribes_with_its_token() {
         subscriptions.push(subscription);
     }
 
-    // Revoked, the token ends both live subscriptions: nothing appended since reaches them.
+    // Revoked, the token ends both live subscriptions: nothing appended since reaches them;
+    // and its open append session takes no more batches.
     expect(&nova, Some(ROOT), "DELETE", &format!("/v1/tokens/{id}"), None, 204);
+    session.submit(&batch, &Conditions::default()).expect("submit after the revocation");
+    let refused = session.recv().expect("an answer").result.expect_err("refused");
+    assert_eq!(refused.code(), Some("unauthenticated"), "{refused}");
+    assert!(refused.to_string().contains("was revoked"), "{refused}");
     let after = json!({"records": [{"body": "after"}]});
     let ack =
         expect(&nova, Some(ROOT), "POST", "/v1/streams/apps/orders/records", Some(&after), 200);
@@ -525,6 +530,8 @@ fn the_client_appends_reads_and_subscribes_with_its_token() {
         assert_eq!(error.code(), Some("unauthenticated"), "{error}");
         assert!(error.to_string().contains("was revoked"), "{error}");
     }
+    let tail = expect(&nova, Some(ROOT), "GET", "/v1/streams/apps/orders/tail", None, 200);
+    assert_eq!(tail["tail"]["seq_num"], revoked_at + 1, "the refused batch did not land");
 }
 
 #[test]

@@ -1299,7 +1299,11 @@ fn append_sessions_keep_to_their_bounds() {
     let Said::Error(full) = &said[0] else { panic!("{said:?}") };
     assert_eq!(full["code"], "resource_exhausted", "{full}");
     assert_eq!(full["retry_after_seconds"], 1, "{full}");
-    assert!(full["message"].as_str().is_some_and(|m| m.contains("--http-body-memory-bytes")));
+    let message = full["message"].as_str().expect("a message");
+    assert!(
+        message.contains("batch 0 of the session") && message.contains("--http-body-memory-bytes"),
+        "{message}"
+    );
     // A batch whose bytes stop coming is refused after the idle timeout, and gives its
     // memory back.
     for mut stream in stalled {
@@ -1308,9 +1312,84 @@ fn append_sessions_keep_to_their_bounds() {
         let mut answer = Vec::new();
         let _ = stream.read_to_end(&mut answer);
         let text = String::from_utf8_lossy(&answer);
-        assert!(text.contains("stalled inside a batch"), "{text}");
+        assert!(text.contains("batch 0 of the session: its bytes stalled"), "{text}");
     }
     common::wait_until("given back", || held() == 0);
+}
+
+/// A session stays on the stream its first batch went to: once that stream is deleted,
+/// its next batch ends it with `not_found`, and the bucket's create-on-append makes no
+/// new stream under it (whose numbers would start again at 0 mid-session).
+#[test]
+fn a_session_ends_when_its_stream_is_deleted() {
+    use std::io::Write as _;
+    let dir = tempdir();
+    let nova = Nova::start(&dir.path().join("data"));
+    nova.express_bucket("del");
+    let mut stream = std::net::TcpStream::connect(&nova.server.authority).expect("connect");
+    let head = format!(
+        "POST /v1/streams/del/s/records HTTP/1.1\r\nhost: nova\r\n\
+         content-type: {SESSION_MEDIA}\r\ntransfer-encoding: chunked\r\n\r\n"
+    );
+    let chunk = |bytes: &[u8]| {
+        let mut out = format!("{:x}\r\n", bytes.len()).into_bytes();
+        out.extend_from_slice(bytes);
+        out.extend_from_slice(b"\r\n");
+        out
+    };
+    stream.write_all(head.as_bytes()).expect("head");
+    stream.write_all(&chunk(&session_batch(&["a"], None))).expect("a batch");
+    common::wait_until("the first batch acknowledged", || {
+        nova.metric("nova_http_session_outcomes_total") == 1
+    });
+    nova.ok("DELETE", "/v1/streams/del/s", None, 204);
+    stream.write_all(&chunk(&session_batch(&["b"], None))).expect("a batch");
+    stream.write_all(b"0\r\n\r\n").expect("the body's end");
+    let mut reader = std::io::BufReader::new(stream);
+    let (answer, _) = net::client::http::read_response(&mut reader, "POST").expect("the answer");
+    let (said, _) = session_said(&answer.body);
+    let [Said::Ack { start: 0, end: 1 }, Said::Error(error)] = &said[..] else {
+        panic!("{said:?}")
+    };
+    assert_eq!(error["code"], "not_found", "{error}");
+    nova.err("GET", "/v1/streams/del/s", None, 404, "not_found");
+}
+
+/// A body sent a byte at a time (one-byte chunks) holds about its own size: its small
+/// pieces are gathered into buffers of the server's own, where each would keep one of
+/// hyper's read buffers alive, which body memory does not count. Both a session's batch
+/// and a single binary append, each one byte short of its end so that it is held.
+#[test]
+fn a_body_sent_a_byte_at_a_time_holds_about_its_size() {
+    use std::io::Write as _;
+    let dir = tempdir();
+    let nova = Nova::start_with(&dir.path().join("data"), &["--shards", "1"], &[]);
+    nova.express_bucket("tiny");
+    let bytes = 512 << 10;
+    let one_byte_chunks = b"1\r\nx\r\n".repeat(bytes);
+    let before = resident_bytes(nova.pid());
+    let open = |path: &str, media: &str| {
+        let mut stream = std::net::TcpStream::connect(&nova.server.authority).expect("connect");
+        let head = format!(
+            "POST {path} HTTP/1.1\r\nhost: nova\r\ncontent-type: {media}\r\n\
+             transfer-encoding: chunked\r\n\r\n"
+        );
+        stream.write_all(head.as_bytes()).expect("head");
+        stream
+    };
+    let mut session = open("/v1/streams/tiny/s/records", SESSION_MEDIA);
+    let announced = u32::try_from(bytes + 1).expect("small").to_le_bytes();
+    session.write_all(b"4\r\n").expect("a chunk");
+    session.write_all(&announced).expect("the batch's length");
+    session.write_all(b"\r\n").expect("a chunk's end");
+    session.write_all(&one_byte_chunks).expect("the batch but its last byte");
+    let mut single = open("/v1/streams/tiny/t/records", net::api::RECORDS_MEDIA_TYPE);
+    single.write_all(&one_byte_chunks).expect("the body but its end");
+    let held = || nova.metric("nova_http_body_bytes_held");
+    common::wait_until("both bodies held", || held() == 2 * bytes as u64);
+    let grew = resident_bytes(nova.pid()).saturating_sub(before);
+    eprintln!("the server grew {grew} bytes holding {} body bytes", 2 * bytes);
+    assert!(grew < 24 << 20, "the server grew {grew} bytes for {} body bytes", 2 * bytes);
 }
 
 /// A node that stops ends its open append sessions: after the acks of what they had
