@@ -131,6 +131,14 @@ pub enum Error {
     )]
     BatchTooLargeForJournal { chunk_bytes: u64, limit: u64 },
 
+    /// A batch its leader could never hold: its bytes are over the shard's whole memory
+    /// budget, so no retry would ever find room (unlike a budget that is full now).
+    #[error(
+        "batch needs {bytes} bytes of its leader's memory, over the whole budget of \
+         {budget_bytes} bytes (raise --shard-memory-bytes)"
+    )]
+    BatchOverMemoryBudget { bytes: u64, budget_bytes: u64 },
+
     /// A stored record in an append that is not well-formed (records.md, "Codec").
     #[error("record {index} is malformed: {source}")]
     MalformedRecord { index: u32, source: crate::record::Corruption },
@@ -324,6 +332,7 @@ impl Error {
             | Error::EmptyBatch
             | Error::MalformedRecord { .. }
             | Error::BatchTooLargeForJournal { .. }
+            | Error::BatchOverMemoryBudget { .. }
             | Error::TooManyRecords { .. }
             | Error::BatchTooLarge { .. }
             | Error::RecordTooLarge { .. }
@@ -673,6 +682,11 @@ mod tests {
                 Error::BatchTooLargeForJournal { chunk_bytes: 300 << 20, limit: 256 << 20 },
                 Code::InvalidArgument,
                 &["314572800", "268435456", "--journal-segment-bytes"],
+            ),
+            (
+                Error::BatchOverMemoryBudget { bytes: 17 << 20, budget_bytes: 16 << 20 },
+                Code::InvalidArgument,
+                &["17825792", "16777216", "whole budget", "--shard-memory-bytes"],
             ),
             (
                 Error::Framing(crate::framing::FramingError::UnknownVersion { version: 9 }),

@@ -317,6 +317,8 @@ pub struct Client {
     /// its address is resolved.
     limits: crate::limits::Limits,
     entry_max: u64,
+    /// A shard's memory budget, which no batch may pass.
+    memory_budget: u64,
 }
 
 /// Addresses the resolve cache holds before it starts over.
@@ -392,6 +394,7 @@ impl Node {
             recovered: Arc::default(),
             limits: config.shard.limits,
             entry_max: config.journal.segment_bytes,
+            memory_budget: config.shard.memory_budget_bytes,
         };
         let mut threads = Vec::with_capacity(config.shards);
         for (index, rx) in receivers.into_iter().enumerate() {
@@ -792,8 +795,12 @@ impl Client {
                         // limits, or by the conditions it would meet on the new stream,
                         // leaves no trace (producers.md), not a new stream.
                         Op::Append { request, .. } => {
-                            let input =
-                                crate::shard::check_append(request, &self.limits, self.entry_max)?;
+                            let input = crate::shard::check_append(
+                                request,
+                                &self.limits,
+                                self.entry_max,
+                                self.memory_budget,
+                            )?;
                             // The arrival time only sets the stamp, never a refusal.
                             let admit = |options: &StreamOptions| {
                                 Standing::fresh(options).check(&input, 0).map(drop)

@@ -212,12 +212,14 @@ pub struct AppendRequest {
 }
 
 /// The checks of an append that need no stream (decisions.md: well-formedness and the
-/// limits come first): its framing, its fencing token's length and every record,
-/// header and batch limit. The batch as the leader takes it when it passes.
+/// limits come first): its framing, its fencing token's length, every record, header and
+/// batch limit, and the largest batch the journal (`entry_max`) and the shard's memory
+/// budget could ever take. The batch as the leader takes it when it passes.
 pub(crate) fn check_append<'a>(
     request: &'a AppendRequest,
     limits: &Limits,
     entry_max: u64,
+    memory_budget: u64,
 ) -> Result<AppendInput<'a>> {
     let frame = AppendFrame::decode_body(&request.framed)?;
     if let Some(token) = frame.conditions.fencing_token
@@ -238,6 +240,10 @@ pub(crate) fn check_append<'a>(
     )) as u64;
     if chunk_bytes > entry_max {
         return Err(Error::BatchTooLargeForJournal { chunk_bytes, limit: entry_max });
+    }
+    let bytes = metered_bytes(summary.records.into(), frame.data.len() as u64);
+    if bytes > memory_budget {
+        return Err(Error::BatchOverMemoryBudget { bytes, budget_bytes: memory_budget });
     }
     let offered = request.offered.unwrap_or_else(|| {
         std::iter::repeat_n(frame.conditions.timestamp, summary.records as usize).collect()
@@ -779,7 +785,8 @@ impl Shard {
     ) -> Result<AppendAck> {
         let arrived = Instant::now();
         let entry_max = self.journal.entry_bytes_max();
-        let input = check_append(&request, &self.config.limits, entry_max)?;
+        let budget = self.config.memory_budget_bytes;
+        let input = check_append(&request, &self.config.limits, entry_max, budget)?;
         self.make_room(metered_bytes(input.summary.records.into(), input.data.len() as u64));
         let class = slot.leader.borrow().options().class;
         let sequenced = {

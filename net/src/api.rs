@@ -360,7 +360,7 @@ fn no_content() -> Answer {
 async fn route(
     shared: &Rc<Shared>,
     callers: &CallerCache,
-    request: Request<Incoming>,
+    mut request: Request<Incoming>,
 ) -> (&'static str, Answer) {
     let method = request.method().clone();
     let path = request.uri().path().to_owned();
@@ -386,6 +386,13 @@ async fn route(
             Err(error) => return ("unauthenticated", Err(error)),
         },
     };
+    // A verb that takes no body refuses one rather than ignore it: a DELETE carrying a
+    // condition its sender believes holds would otherwise delete regardless.
+    if matches!(method, Method::GET | Method::HEAD | Method::DELETE)
+        && let Err(error) = no_body(shared, &mut request).await
+    {
+        return ("no_body", Err(error));
+    }
     // For the verbs that take no query parameters: a misplaced one (a `match_seq_num`
     // meant for the body) is refused, never ignored.
     let refused = query(&request, &[]).err();
@@ -593,6 +600,19 @@ async fn bare(stop: Option<ApiError>, verb: impl Future<Output = Answer>) -> Ans
 // ---- Request parts --------------------------------------------------------------------
 
 fn decode_segment(segment: &str, field: &str) -> Result<String, ApiError> {
+    // `%` starts an escape of two hex digits, or nothing is meant by it: taken literally,
+    // `a%2` and `a%252` would name one key two ways.
+    let bytes = segment.as_bytes();
+    if let Some(at) = bytes.iter().enumerate().position(|(i, &b)| {
+        b == b'%'
+            && !bytes.get(i + 1..i + 3).is_some_and(|hex| hex.iter().all(u8::is_ascii_hexdigit))
+    }) {
+        let escape: String = segment[at..].chars().take(3).collect();
+        return Err(ApiError::invalid(format!(
+            "{field} {segment:?} is not percent-encoded: {escape:?} is not % and two hex digits \
+             (a % itself is %25)"
+        )));
+    }
     let bytes: Vec<u8> = percent_decode_str(segment).collect();
     String::from_utf8(bytes).map_err(|_| {
         ApiError::invalid(format!("{field} {segment:?} is not valid UTF-8 once percent-decoded"))
@@ -617,7 +637,7 @@ pub fn query(
     for pair in request.uri().query().unwrap_or("").split('&').filter(|p| !p.is_empty()) {
         let (name, value) = pair.split_once('=').unwrap_or((pair, ""));
         let name = decode_segment(&name.replace('+', " "), "query parameter name")?;
-        let value = decode_segment(&value.replace('+', " "), "query parameter value")?;
+        let value = decode_segment(&value.replace('+', " "), &format!("query parameter {name}"))?;
         if accepted.is_empty() {
             return Err(ApiError::invalid(format!(
                 "unknown query parameter {name:?}: {} {} takes no query parameters",
@@ -651,18 +671,28 @@ pub(crate) fn plain_number<T: std::str::FromStr>(text: &str, signed: bool) -> Op
     plain.then(|| text.parse().ok()).flatten()
 }
 
-fn number_param(pairs: &[(String, String)], name: &str) -> Result<Option<u64>, ApiError> {
+/// A whole-number parameter; `accepted` says which numbers, for the refusal of one that
+/// is not a number (the verb checks the range).
+fn number_param(
+    pairs: &[(String, String)],
+    name: &str,
+    accepted: &str,
+) -> Result<Option<u64>, ApiError> {
     param(pairs, name)
         .map(|text| {
             plain_number::<u64>(text, false).ok_or_else(|| {
                 ApiError::invalid(format!(
-                    "query parameter {name} must be a whole number from 0 to {}, not {text:?}",
-                    u64::MAX
+                    "query parameter {name} must be {accepted}, not {text:?}"
                 ))
             })
         })
         .transpose()
 }
+
+/// What a list's `limit` takes.
+const LIMIT_ACCEPTED: &str = "a whole number from 1 to 1000";
+/// What a position (`seq_num`, `tail_offset`) takes.
+const POSITION_ACCEPTED: &str = "a whole number from 0 to 18446744073709551615";
 
 /// A timestamp bound (int64 milliseconds), as stored stamps compare with it
 /// ([`timestamp::clamp_to_stored`]).
@@ -687,7 +717,8 @@ fn bool_param(pairs: &[(String, String)], name: &str) -> Result<Option<bool>, Ap
             "true" | "1" | "" => Ok(true),
             "false" | "0" => Ok(false),
             _ => Err(ApiError::invalid(format!(
-                "query parameter {name} must be true or false, not {text:?}"
+                "query parameter {name} must be true or false (or 1, 0; given bare, true), not \
+                 {text:?}"
             ))),
         })
         .transpose()
@@ -745,7 +776,7 @@ pub(crate) fn is_records_with(media: &str, parameter: &str) -> bool {
 /// [`read_pieces`].
 async fn read_body(
     shared: &Shared,
-    request: Request<Incoming>,
+    request: &mut Request<Incoming>,
     limit: BodyLimit,
 ) -> Result<Held<Bytes>, ApiError> {
     let Held { body: mut pieces, mut memory } = read_pieces(shared, request, limit).await?;
@@ -763,13 +794,28 @@ async fn read_body(
     Ok(Held { body, memory })
 }
 
+/// The body of a verb that takes none: an empty one, or an empty JSON object (`{}`, as
+/// any body with no fields is), passes; anything else is refused as a body with an
+/// unknown field is.
+async fn no_body(shared: &Shared, request: &mut Request<Incoming>) -> Result<(), ApiError> {
+    use hyper::body::Body as _;
+    if request.body().is_end_stream() {
+        return Ok(());
+    }
+    let method = request.method().clone();
+    let body = read_body(shared, request, CONTROL_BODY_LIMIT).await?;
+    wire::parse_body(&body, &[]).map(drop).map_err(|error| {
+        ApiError::invalid(format!("{method} takes no request body: {}", error.message))
+    })
+}
+
 /// The request body, in the pieces hyper read it in (never joined here), refused past
 /// the limit before it is held whole: from `Content-Length` at once, or as soon as the
 /// bytes read pass the limit. Its bytes are taken from the shard's body memory first:
 /// all of them from `Content-Length` before any is read, else each piece as it comes.
 async fn read_pieces(
     shared: &Shared,
-    request: Request<Incoming>,
+    request: &mut Request<Incoming>,
     limit: BodyLimit,
 ) -> Result<Held<Vec<Bytes>>, ApiError> {
     let BodyLimit { bytes: limit, name } = limit;
@@ -793,7 +839,7 @@ async fn read_pieces(
     // held is only what has arrived, so a client that stops sending holds no more.
     shared.could_hold_body(declared.unwrap_or(0))?;
     let mut limited = http_body_util::Limited::new(
-        request.into_body(),
+        request.body_mut(),
         usize::try_from(limit).unwrap_or(usize::MAX),
     );
     let mut arrived = Arrived::default();
@@ -847,15 +893,19 @@ async fn metrics(shared: &Shared) -> Answer {
 
 async fn list_buckets(shared: &Shared, request: &Request<Incoming>) -> Answer {
     let pairs = query(request, &["limit", "start_after"])?;
-    let limit = number_param(&pairs, "limit")?;
+    let limit = number_param(&pairs, "limit", LIMIT_ACCEPTED)?;
     let page = shared.client.control().list_buckets(param(&pairs, "start_after"), limit).await?;
     let buckets: Vec<Value> = page.buckets.iter().map(wire::bucket_json).collect();
     let next = page.next.map(BucketName::into_string).unwrap_or_default();
     ok(&json!({"buckets": buckets, "next": next}))
 }
 
-async fn create_bucket(shared: &Shared, bucket: &BucketName, request: Request<Incoming>) -> Answer {
-    let body = read_body(shared, request, CONTROL_BODY_LIMIT).await?;
+async fn create_bucket(
+    shared: &Shared,
+    bucket: &BucketName,
+    mut request: Request<Incoming>,
+) -> Answer {
+    let body = read_body(shared, &mut request, CONTROL_BODY_LIMIT).await?;
     let (config, token) = wire::bucket_create(&body)?;
     let created = shared.client.control().create_bucket(bucket, &config, token.as_deref()).await?;
     let status = if created.created { StatusCode::CREATED } else { StatusCode::OK };
@@ -866,8 +916,12 @@ async fn get_bucket(shared: &Shared, bucket: &BucketName) -> Answer {
     ok(&wire::bucket_json(&shared.client.control().get_bucket(bucket).await?))
 }
 
-async fn update_bucket(shared: &Shared, bucket: &BucketName, request: Request<Incoming>) -> Answer {
-    let body = read_body(shared, request, CONTROL_BODY_LIMIT).await?;
+async fn update_bucket(
+    shared: &Shared,
+    bucket: &BucketName,
+    mut request: Request<Incoming>,
+) -> Answer {
+    let body = read_body(shared, &mut request, CONTROL_BODY_LIMIT).await?;
     let config = wire::bucket_update(&body)?;
     ok(&wire::bucket_json(&shared.client.control().update_bucket(bucket, &config).await?))
 }
@@ -891,9 +945,9 @@ fn token_table(shared: &Shared) -> Result<&Auth, ApiError> {
     })
 }
 
-async fn issue_token(shared: &Shared, caller: &Caller, request: Request<Incoming>) -> Answer {
+async fn issue_token(shared: &Shared, caller: &Caller, mut request: Request<Incoming>) -> Answer {
     let auth = token_table(shared)?;
-    let body = read_body(shared, request, CONTROL_BODY_LIMIT).await?;
+    let body = read_body(shared, &mut request, CONTROL_BODY_LIMIT).await?;
     let asked = wire::token_request(&body)?;
     let now = now_ms();
     let expires_at_ms = asked.expires_in_seconds.map(|seconds| now.saturating_add(seconds * 1000));
@@ -909,7 +963,7 @@ async fn issue_token(shared: &Shared, caller: &Caller, request: Request<Incoming
 async fn list_tokens(shared: &Shared, request: &Request<Incoming>) -> Answer {
     let auth = token_table(shared)?;
     let pairs = query(request, &["limit", "start_after"])?;
-    let limit = match number_param(&pairs, "limit")? {
+    let limit = match number_param(&pairs, "limit", LIMIT_ACCEPTED)? {
         None => LIST_PAGE_MAX,
         Some(limit) => u32::try_from(limit)
             .ok()
@@ -938,7 +992,7 @@ async fn list_streams(
     let pairs = query(request, &["prefix", "start_after", "limit"])?;
     // A stream-prefix grant lists only under its prefix.
     caller.may(Access::Read, Target::Listing(bucket, param(&pairs, "prefix").unwrap_or("")))?;
-    let limit = number_param(&pairs, "limit")?;
+    let limit = number_param(&pairs, "limit", LIMIT_ACCEPTED)?;
     let page = shared
         .client
         .control()
@@ -958,9 +1012,9 @@ async fn create_stream(
     shared: &Shared,
     bucket: &BucketName,
     key: &StreamKey,
-    request: Request<Incoming>,
+    mut request: Request<Incoming>,
 ) -> Answer {
-    let body = read_body(shared, request, CONTROL_BODY_LIMIT).await?;
+    let body = read_body(shared, &mut request, CONTROL_BODY_LIMIT).await?;
     let (options, token) = wire::stream_create(&body)?;
     let created =
         shared.client.control().create_stream(bucket, key, &options, token.as_deref()).await?;
@@ -977,9 +1031,9 @@ async fn reconfigure(
     shared: &Shared,
     bucket: &BucketName,
     key: &StreamKey,
-    request: Request<Incoming>,
+    mut request: Request<Incoming>,
 ) -> Answer {
-    let body = read_body(shared, request, CONTROL_BODY_LIMIT).await?;
+    let body = read_body(shared, &mut request, CONTROL_BODY_LIMIT).await?;
     let patch = wire::stream_patch(&body)?;
     ok(&wire::stream_json(&shared.client.reconfigure(bucket, key, patch).await?, None))
 }
@@ -995,7 +1049,7 @@ async fn append(
     shared: &Shared,
     bucket: &BucketName,
     key: &StreamKey,
-    request: Request<Incoming>,
+    mut request: Request<Incoming>,
 ) -> Answer {
     let binary = media_type(request.headers().get(header::CONTENT_TYPE)).as_deref()
         == Some(RECORDS_MEDIA_TYPE);
@@ -1006,11 +1060,11 @@ async fn append(
         // The framed batch goes to the engine as it came, in the pieces it was read in;
         // the engine validates it in place.
         let Held { body, memory } =
-            read_pieces(shared, request, shared.append_body_limit()).await?;
+            read_pieces(shared, &mut request, shared.append_body_limit()).await?;
         (AppendRequest { framed: FramedBody::from_pieces(body), offered: None }, memory)
     } else {
         let Held { body, memory } =
-            read_body(shared, request, shared.json_append_body_limit()).await?;
+            read_body(shared, &mut request, shared.json_append_body_limit()).await?;
         (crate::append_json::append_request(&body, encoding)?, memory)
     };
     let ack = shared.client.append(bucket, key, append).await?;
@@ -1042,9 +1096,9 @@ const PLAN_PARAMS: [&str; 7] =
 pub fn read_params(request: &Request<Incoming>, accepted: &[&str]) -> Result<ReadParams, ApiError> {
     let pairs = query(request, accepted)?;
     let starts: Vec<ReadStart> = [
-        number_param(&pairs, "seq_num")?.map(ReadStart::SeqNum),
+        number_param(&pairs, "seq_num", POSITION_ACCEPTED)?.map(ReadStart::SeqNum),
         timestamp_param(&pairs, "timestamp")?.map(ReadStart::Timestamp),
-        number_param(&pairs, "tail_offset")?.map(ReadStart::TailOffset),
+        number_param(&pairs, "tail_offset", POSITION_ACCEPTED)?.map(ReadStart::TailOffset),
     ]
     .into_iter()
     .flatten()
@@ -1059,7 +1113,8 @@ pub fn read_params(request: &Request<Incoming>, accepted: &[&str]) -> Result<Rea
         }
     };
     let bound = |name: &'static str| -> Result<Option<u64>, ApiError> {
-        match number_param(&pairs, name)? {
+        // 0 is a number, refused as a bound of its own.
+        match number_param(&pairs, name, "a whole number from 1 (omit it: no bound)")? {
             Some(0) => Err(engine::Error::read_bound_zero(name).into()),
             other => Ok(other),
         }
@@ -1238,9 +1293,9 @@ async fn fence(
     shared: &Shared,
     bucket: &BucketName,
     key: &StreamKey,
-    request: Request<Incoming>,
+    mut request: Request<Incoming>,
 ) -> Answer {
-    let body = read_body(shared, request, CONTROL_BODY_LIMIT).await?;
+    let body = read_body(shared, &mut request, CONTROL_BODY_LIMIT).await?;
     let object = wire::parse_body(&body, &["fencing_token", "expected"])?;
     let token = object
         .str("fencing_token")?
@@ -1255,9 +1310,9 @@ async fn trim(
     shared: &Shared,
     bucket: &BucketName,
     key: &StreamKey,
-    request: Request<Incoming>,
+    mut request: Request<Incoming>,
 ) -> Answer {
-    let body = read_body(shared, request, CONTROL_BODY_LIMIT).await?;
+    let body = read_body(shared, &mut request, CONTROL_BODY_LIMIT).await?;
     let object = wire::parse_body(&body, &["seq_num", "timestamp"])?;
     let stamp = object.i64("timestamp")?.map(timestamp::clamp_to_stored);
     let to = match (object.u64("seq_num")?, stamp) {

@@ -128,6 +128,9 @@ pub async fn subscribe(
 ) -> Result<Response<Body>, ApiError> {
     let wire = if binary { Wire::Binary } else { Wire::Sse(api::encoding(request)?) };
     let params = api::read_params(request, &api::READ_PARAMS)?;
+    if request.headers().get_all("last-event-id").iter().nth(1).is_some() {
+        return Err(ApiError::invalid("header Last-Event-ID is given twice"));
+    }
     let resume = match request.headers().get("last-event-id") {
         None => None,
         Some(value) => Some(

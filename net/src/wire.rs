@@ -102,6 +102,9 @@ pub(crate) fn body_error(error: &serde_json::Error) -> ApiError {
 /// The error for a field not among `accepted`; `prefix` (e.g. `records[2].`) and `what`
 /// (e.g. `records[2]`) place it.
 pub(crate) fn unknown_field(prefix: &str, name: &str, what: &str, accepted: &[&str]) -> ApiError {
+    if accepted.is_empty() {
+        return ApiError::invalid(format!("unknown field {prefix}{name:?} in {what}"));
+    }
     ApiError::invalid(format!(
         "unknown field {prefix}{name:?} in {what}; accepted fields are {}",
         accepted.join(", ")

@@ -1872,6 +1872,80 @@ fn an_append_refused_by_a_limit_does_not_create_its_stream() {
         nova.err("POST", "/v1/streams/auto/new/records", Some(&two), 400, "invalid_argument");
     assert!(refused["message"].as_str().unwrap().contains("1048576"), "{refused}");
     nova.err("GET", "/v1/streams/auto/new", None, 404, "not_found");
+    drop(nova);
+
+    // And the shard's memory budget's: a batch over the whole budget could never be
+    // held, so it is refused for good (400), not asked to retry (429).
+    let budget =
+        ["--shard-memory-bytes", "16MiB", "--shards", "1", "--journal-segment-bytes", "64MiB"];
+    let nova = Nova::start_with(&dir.path().join("budget"), &budget, &[]);
+    nova.ok("POST", "/v1/buckets/auto", Some(r#"{"create_stream_on_append":true}"#), 201);
+    let record = format!(r#"{{"body":"{}"}}"#, "x".repeat(1_000_000));
+    let over = format!(r#"{{"records":[{}]}}"#, [record.as_str(); 17].join(","));
+    let refused =
+        nova.err("POST", "/v1/streams/auto/new/records", Some(&over), 400, "invalid_argument");
+    let message = refused["message"].as_str().unwrap();
+    assert!(message.contains("16777216") && message.contains("--shard-memory-bytes"), "{message}");
+    nova.err("GET", "/v1/streams/auto/new", None, 404, "not_found");
+    let under = format!(r#"{{"records":[{}]}}"#, [record.as_str(); 12].join(","));
+    nova.ok("POST", "/v1/streams/auto/new/records", Some(&under), 200);
+}
+
+/// Names and query parameters that are not what they claim are refused, each naming
+/// its field and what it takes: a `%` that starts no escape (else one key would have two
+/// spellings), a parameter that is not UTF-8, a number out of its range, a flag that is
+/// not one, a `Last-Event-ID` given twice.
+#[test]
+fn malformed_names_and_parameters_are_refused_by_name() {
+    let dir = tempdir();
+    let nova = Nova::start(&dir.path().join("data"));
+    nova.ok("POST", "/v1/buckets/mal", None, 201);
+    let message = |method: &str, path: &str| -> String {
+        let refused = nova.err(method, path, None, 400, "invalid_argument");
+        refused["message"].as_str().expect("a message").to_owned()
+    };
+    for (key, escape) in [("a%zz", "%zz"), ("a%2", "%2"), ("%", "%")] {
+        let said = message("POST", &format!("/v1/streams/mal/{key}"));
+        assert!(said.contains("stream key") && said.contains(&format!("{escape:?}")), "{said}");
+    }
+    nova.ok("POST", "/v1/streams/mal/a%25zz", None, 201);
+    let listed = nova.ok("GET", "/v1/streams/mal", None, 200);
+    assert_eq!(listed["streams"][0]["key"], "a%zz", "{listed}");
+    let said = message("GET", "/v1/streams/mal?prefix=%FF");
+    assert!(said.contains("query parameter prefix") && said.contains("UTF-8"), "{said}");
+    let said = message("GET", "/v1/streams/mal?limit=-1");
+    assert!(said.contains("from 1 to 1000"), "{said}");
+    let said = message("GET", "/v1/streams/mal/a%25zz/records?seq_num=0&count=-1");
+    assert!(said.contains("query parameter count") && said.contains("from 1"), "{said}");
+    let said = message("GET", "/v1/streams/mal/a%25zz/records?seq_num=0&clamp=yes");
+    assert!(said.contains("true or false (or 1, 0"), "{said}");
+    let twice = [("accept", "text/event-stream"), ("last-event-id", "2"), ("last-event-id", "5")];
+    let refused = nova.call_with("GET", "/v1/streams/mal/a%25zz/records", &twice, None);
+    assert_eq!(refused.status, 400, "{}", refused.text());
+    assert!(refused.text().contains("Last-Event-ID is given twice"), "{}", refused.text());
+}
+
+/// A verb that takes no body (GET, DELETE) refuses one, as a body with an unknown field
+/// is refused: a DELETE carrying a condition its sender believes holds must not delete
+/// regardless. An empty body, or an empty JSON object, passes.
+#[test]
+fn a_verb_that_takes_no_body_refuses_one() {
+    let dir = tempdir();
+    let nova = Nova::start(&dir.path().join("data"));
+    nova.ok("POST", "/v1/buckets/nob", None, 201);
+    nova.ok("POST", "/v1/streams/nob/s", None, 201);
+    let conditional = Some(r#"{"expected_id":"nope"}"#);
+    let refused = nova.err("DELETE", "/v1/streams/nob/s", conditional, 400, "invalid_argument");
+    let message = refused["message"].as_str().expect("a message");
+    assert!(message.contains("DELETE takes no request body"), "{message}");
+    assert!(message.contains("expected_id"), "{message}");
+    nova.ok("GET", "/v1/streams/nob/s", None, 200);
+    nova.err("DELETE", "/v1/buckets/nob", Some(r#"{"bogus":true}"#), 400, "invalid_argument");
+    let garbage = nova.err("GET", "/v1/buckets/nob", Some("garbage"), 400, "invalid_argument");
+    assert!(garbage["message"].as_str().unwrap().contains("not valid JSON"), "{garbage}");
+    nova.ok("GET", "/v1/buckets/nob", Some("{}"), 200);
+    nova.ok("DELETE", "/v1/streams/nob/s", Some(" {} "), 204);
+    nova.err("GET", "/v1/streams/nob/s", None, 404, "not_found");
 }
 
 /// So does an append refused by the conditions it would meet on the stream its bucket

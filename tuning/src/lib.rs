@@ -119,7 +119,7 @@ pub const SHARD_MEMORY_BYTES: Knob = Knob {
     default: 1 << 30,
     min: 16 << 20,
     max: 1 << 40,
-    help: "stored bytes one shard holds in memory, with 12 bytes a record for its directory entry (unsettled batches plus cached chunks); appends past it get resource_exhausted",
+    help: "stored bytes one shard holds in memory, with 12 bytes a record for its directory entry (unsettled batches plus cached chunks); appends past it get resource_exhausted, and a batch larger than all of it is refused (invalid_argument)",
     reason: "1 GiB holds several seconds of ingest at disk speed plus a useful read cache, on machines with a few GiB per core",
 };
 
