@@ -11,7 +11,7 @@ use std::time::{Duration, Instant};
 use serde_json::{Value, json};
 
 use crate::client::{
-    self, Address, Batch, Client, Conditions, ReadOptions, Record, Start, Subscription,
+    self, Address, Batch, Bucket, Client, Conditions, ReadOptions, Record, Start, Subscription,
     SubscriptionEvent, encode_segment,
 };
 
@@ -97,7 +97,10 @@ fn usage() -> String {
          never answers fails after that long. `read -f` waits on heartbeats, which come at\n\
          least every 15 s, so it needs more than that.\n\
          In nova://B/K the key K is everything after the bucket, as written: `/` is part of it\n\
-         and nothing is percent-decoded (nova://apps/orders/eu is the key orders/eu).\n\n",
+         and nothing is percent-decoded (nova://apps/orders/eu is the key orders/eu).\n\
+         An address with no bucket (nova:///orders/eu, or --key without --bucket) is in the\n\
+         bucket `default`, created first if it does not exist (streams created on first\n\
+         append; an existing one is used as it is).\n\n",
     );
     for (_, line, _) in VERBS {
         text.push_str(&format!("  {line}\n"));
@@ -372,11 +375,42 @@ impl Args {
     }
 }
 
+/// The bucket of a stream named by its key alone (seeds/buckets.md: "nova uses default
+/// when you give none").
+const DEFAULT_BUCKET: &str = "default";
+
+/// The stream `text` names: `nova://bucket/key`, or, with no bucket, `nova:///key` in
+/// [`DEFAULT_BUCKET`], which is then made sure of ([`implied_bucket`]). A key without
+/// `nova://` is refused, never taken for one in `default`: `apps/orders` meant for the
+/// stream `orders` of `apps` would name another stream.
+fn stream_address(session: &Session, text: &str) -> Result<Address, Failure> {
+    let (bucket, key) = address(text, true)?;
+    let bucket = if bucket.is_empty() { implied_bucket(session)? } else { bucket };
+    Ok(Address::new(bucket, key.unwrap_or_default()))
+}
+
+/// [`DEFAULT_BUCKET`], created like any other bucket if it does not exist yet, with
+/// streams created on first append (what an address with no bucket is for: `echo hi |
+/// nova append nova:///orders` on a fresh server); an existing one is used as it is.
+fn implied_bucket(session: &Session) -> Result<String, Failure> {
+    let mut wanted = Bucket::new(DEFAULT_BUCKET);
+    wanted.create_on_append = true;
+    match session.client.ensure_bucket(&wanted) {
+        // A token that may use the bucket but not create (or see) it: the verb answers.
+        Err(error) if error.code() == Some("permission_denied") => {}
+        other => drop(other.map_err(failed)?),
+    }
+    Ok(DEFAULT_BUCKET.to_owned())
+}
+
 /// `nova://bucket/key` (key optional): the bucket and the key.
 fn address(text: &str, need_key: bool) -> Result<(String, Option<String>), Failure> {
-    let rest = text
-        .strip_prefix("nova://")
-        .ok_or_else(|| usage_error(format!("{text:?} is not an address like nova://bucket/key")))?;
+    let rest = text.strip_prefix("nova://").ok_or_else(|| {
+        usage_error(format!(
+            "{text:?} is not an address like nova://bucket/key (or nova:///key, in the \
+                 bucket default)"
+        ))
+    })?;
     let (bucket, key) = match rest.split_once('/') {
         Some((bucket, key)) if !key.is_empty() => (bucket, Some(key.to_owned())),
         Some((bucket, _)) => (bucket, None),
@@ -779,13 +813,14 @@ fn run(args: Vec<String>) -> Outcome {
             args.only_with_options(&["bucket", "key", "creation-token"], Some(""))?;
             let (bucket, key) = match (args.value("bucket"), args.value("key"), rest.as_slice()) {
                 (Some(bucket), Some(key), []) => (bucket.to_owned(), key.to_owned()),
+                (None, Some(key), []) => (implied_bucket(&session)?, key.to_owned()),
                 (None, None, [address_text]) => {
-                    let (bucket, key) = address(address_text, true)?;
-                    (bucket, key.unwrap_or_default())
+                    let address = stream_address(&session, address_text)?;
+                    (address.bucket, address.key)
                 }
                 _ => {
                     return Err(usage_error(
-                        "stream create takes --bucket B --key K, or nova://B/K",
+                        "stream create takes [--bucket B] --key K, or nova://B/K",
                     ));
                 }
             };
@@ -808,16 +843,14 @@ fn run(args: Vec<String>) -> Outcome {
         }
         "stream get" => {
             args.only(&[])?;
-            let (bucket, key) = address(one("address")?, true)?;
-            let record =
-                session.call("GET", &stream_path(&bucket, &key.unwrap_or_default()), None)?;
+            let Address { bucket, key } = stream_address(&session, one("address")?)?;
+            let record = session.call("GET", &stream_path(&bucket, &key), None)?;
             session.show(&record, fields);
             Ok(())
         }
         "stream delete" => {
             args.only(&[])?;
-            let (bucket, key) = address(one("address")?, true)?;
-            let key = key.unwrap_or_default();
+            let Address { bucket, key } = stream_address(&session, one("address")?)?;
             session.call("DELETE", &stream_path(&bucket, &key), None)?;
             let deleted = json!({"deleted": "stream", "bucket": bucket, "key": key});
             session.show(&deleted, |_| format!("deleted stream nova://{bucket}/{key}"));
@@ -825,13 +858,9 @@ fn run(args: Vec<String>) -> Outcome {
         }
         "stream reconfigure" => {
             args.only_with_options(&[], Some(""))?;
-            let (bucket, key) = address(one("address")?, true)?;
+            let Address { bucket, key } = stream_address(&session, one("address")?)?;
             let body = options_body(&args, "")?;
-            let record = session.call(
-                "PATCH",
-                &stream_path(&bucket, &key.unwrap_or_default()),
-                Some(&body),
-            )?;
+            let record = session.call("PATCH", &stream_path(&bucket, &key), Some(&body))?;
             session.show(&record, fields);
             Ok(())
         }
@@ -866,37 +895,32 @@ fn run(args: Vec<String>) -> Outcome {
         }
         "append" => {
             args.only(&["batch", "header", "match-seq-num", "fencing-token"])?;
-            let (bucket, key) = address(one("address")?, true)?;
-            append(&session, &Address::new(bucket, key.unwrap_or_default()), &args)
+            append(&session, &stream_address(&session, one("address")?)?, &args)
         }
         "read" => {
             args.only(&["from-seq", "from-time", "tail-offset", "count", "follow"])?;
-            let (bucket, key) = address(one("address")?, true)?;
-            read(&session, &Address::new(bucket, key.unwrap_or_default()), &args)
+            read(&session, &stream_address(&session, one("address")?)?, &args)
         }
         "tail" => {
             args.only(&[])?;
-            let (bucket, key) = address(one("address")?, true)?;
-            let tail = session.call(
-                "GET",
-                &format!("{}/tail", stream_path(&bucket, &key.unwrap_or_default())),
-                None,
-            )?;
+            let Address { bucket, key } = stream_address(&session, one("address")?)?;
+            let tail =
+                session.call("GET", &format!("{}/tail", stream_path(&bucket, &key)), None)?;
             session.show(&tail, |t| tail_text(&t["tail"]));
             Ok(())
         }
         "trim" => {
             args.only(&["seq", "time"])?;
-            let (bucket, key) = address(one("address")?, true)?;
             let time = args.value("time").map(|t| time_ms("time", t)).transpose();
             let body = match (args.number("seq")?, time.map_err(usage_error)?) {
                 (Some(seq), None) => json!({"seq_num": seq}),
                 (None, Some(time)) => json!({"timestamp": time}),
                 _ => return Err(usage_error("trim takes one of --seq N or --time T")),
             };
+            let Address { bucket, key } = stream_address(&session, one("address")?)?;
             let trimmed = session.call(
                 "POST",
-                &format!("{}/trim", stream_path(&bucket, &key.unwrap_or_default())),
+                &format!("{}/trim", stream_path(&bucket, &key)),
                 Some(&body),
             )?;
             session.show(&trimmed, |t| format!("trim_seq_num {}", t["trim_seq_num"]));
@@ -904,15 +928,15 @@ fn run(args: Vec<String>) -> Outcome {
         }
         "fence" => {
             args.only(&["token", "expected"])?;
-            let (bucket, key) = address(one("address")?, true)?;
             let token = args.value("token").ok_or_else(|| usage_error("fence needs --token T"))?;
+            let Address { bucket, key } = stream_address(&session, one("address")?)?;
             let mut body = json!({"fencing_token": token});
             if let Some(expected) = args.value("expected") {
                 body["expected"] = json!(expected);
             }
             let fenced = session.call(
                 "POST",
-                &format!("{}/fence", stream_path(&bucket, &key.unwrap_or_default())),
+                &format!("{}/fence", stream_path(&bucket, &key)),
                 Some(&body),
             )?;
             session.show(&fenced, |t| format!("fenced; {}", tail_text(&t["tail"])));

@@ -304,6 +304,40 @@ fn append_takes_headers_and_batches_and_read_takes_rfc_3339() {
     assert!(String::from_utf8_lossy(&out.stderr).contains("failed_precondition"));
 }
 
+/// An address with no bucket (`nova:///key`, or `--key` without `--bucket`) is in the
+/// bucket `default` (seeds/buckets.md: "nova uses default when you give none"), which
+/// the CLI creates like any other bucket when it does not exist, with streams created on
+/// first append; an existing one is used as it is.
+#[test]
+fn an_address_with_no_bucket_is_in_the_default_bucket() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let server = Nova::start(&dir.path().join("data"));
+    let missing = fails(&server, &["read", "nova:///orders/eu"], None, 1);
+    assert!(missing.contains("not_found"), "{missing}");
+    assert!(ok(&server, &["append", "nova:///orders/eu"], Some("a\nb\n")).contains("2 records"));
+    let read = ok(&server, &["read", "nova://default/orders/eu", "--from-seq", "0"], None);
+    assert_eq!(read, "a\nb\n");
+    assert_eq!(ok(&server, &["read", "nova:///orders/eu", "--from-seq", "1"], None), "b\n");
+    let tail = json_of(&server, &["--json", "tail", "nova:///orders/eu"]);
+    assert_eq!(tail["tail"]["seq_num"], 2, "{tail}");
+    let bucket = json_of(&server, &["--json", "bucket", "get", "default"]);
+    assert_eq!(bucket["create_stream_on_append"], true, "{bucket}");
+    assert_eq!(bucket["create_stream_on_read"], false, "{bucket}");
+    let created = json_of(&server, &["--json", "stream", "create", "--key", "made"]);
+    assert_eq!(created["bucket"], "default", "{created}");
+    // An existing `default` is used as it is, never reconfigured.
+    server.ok("PUT", "/v1/buckets/default", Some("{}"), 200);
+    let refused = fails(&server, &["append", "nova:///other"], Some("x\n"), 1);
+    assert!(refused.contains("not_found") || refused.contains("not found"), "{refused}");
+    let bucket = json_of(&server, &["--json", "bucket", "get", "default"]);
+    assert_eq!(bucket["create_stream_on_append"], false, "{bucket}");
+    // A key without nova:// is refused, never taken for one in `default`.
+    for typo in ["default/x", "nova:/default/x"] {
+        let said = fails(&server, &["tail", typo], None, 2);
+        assert!(said.contains("not an address") && said.contains("nova:///key"), "{said}");
+    }
+}
+
 /// `nova ARGS` expected to fail with `code`: its stderr.
 fn fails(server: &Nova, args: &[&str], stdin: Option<&str>, code: i32) -> String {
     let out = nova_cli(server, args, stdin);
