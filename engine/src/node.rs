@@ -662,29 +662,57 @@ async fn run_shard(
     // are bounded by the requests that can be in flight (a connection has one at a
     // time, and connections are limited), and counted so that stopping waits for them.
     let waiting = Rc::new(glommio::sync::Semaphore::new(config.handlers_max));
-    let waiting_reads = Rc::new((Cell::new(0u64), Notify::new()));
+    // Tasks in hand without a handler permit (those reads; sequenced appends once
+    // sequenced): stopping waits for them too.
+    let in_hand = Rc::new(InHand::default());
     while let Ok(message) = inbox.recv_async().await {
         match message {
             Message::Op { record, op: Op::Read(read), reply } if read.wait.is_some() => {
                 let (shard, waiting) = (Rc::clone(&shard), Rc::clone(&waiting));
-                let in_hand = Rc::clone(&waiting_reads);
-                in_hand.0.set(in_hand.0.get() + 1);
+                let held = in_hand.take();
                 glommio::spawn_local(async move {
                     if let Ok(permit) = waiting.acquire_static_permit(1).await {
                         let _ = reply.send(shard.handle(*record, Op::Read(read)).await);
                         drop(permit);
                     }
-                    in_hand.0.set(in_hand.0.get() - 1);
-                    in_hand.1.notify();
+                    drop(held);
                 })
                 .detach();
             }
-            Message::Op { record, op, reply } => {
+            Message::Op { record, mut op, reply } => {
                 let Ok(permit) = permits.acquire_static_permit(1).await else { break };
                 let shard = Rc::clone(&shard);
+                // A sequenced append (an append session's) gives its permit back once
+                // sequenced: a session keeps many batches waiting to be durable, which
+                // must not take every handler of the shard; what they hold then, their
+                // bytes, the memory budget bounds, and their number the session's.
+                let sequenced = match &mut op {
+                    Op::Append { sequenced, .. } => sequenced.take().map(|signal| {
+                        let (relay, relayed) = flume::bounded(1);
+                        *sequenced = Some(relay);
+                        (signal, relayed, in_hand.take())
+                    }),
+                    _ => None,
+                };
                 glommio::spawn_local(async move {
-                    let _ = reply.send(shard.handle(*record, op).await);
-                    drop(permit);
+                    let handled = async { reply.send(shard.handle(*record, op).await) };
+                    match sequenced {
+                        None => {
+                            let _ = handled.await;
+                            drop(permit);
+                        }
+                        Some((signal, relayed, held)) => {
+                            let relay = async move {
+                                // Sequenced, or answered without being (a refusal).
+                                if relayed.recv_async().await.is_ok() {
+                                    let _ = signal.try_send(());
+                                }
+                                drop(permit);
+                            };
+                            let _ = futures_lite::future::zip(handled, relay).await;
+                            drop(held);
+                        }
+                    }
                 })
                 .detach();
             }
@@ -711,18 +739,48 @@ async fn run_shard(
     // Answer what is in hand (every handler gives its permit back when done), then let
     // the flusher finish and drop everything the shard holds, its metadata handle too.
     let _ = permits.acquire(config.handlers_max).await;
-    loop {
-        let seen = waiting_reads.1.generation();
-        if waiting_reads.0.get() == 0 {
-            break;
-        }
-        waiting_reads.1.changed(seen).await;
-    }
+    in_hand.none().await;
     shard.stop();
     flusher.await;
     // Let express chunks on their way reach the object store, for a bounded time.
     shard.drain_uploads(config.uploader.drain).await;
     debug_assert_eq!(shard.index(), index);
+}
+
+/// A shard's tasks in hand that hold no handler permit, counted so that stopping can
+/// wait for them.
+#[derive(Default)]
+struct InHand {
+    count: Cell<u64>,
+    changed: Notify,
+}
+
+impl InHand {
+    /// One more, until the returned guard is dropped.
+    fn take(self: &Rc<Self>) -> InHandGuard {
+        self.count.set(self.count.get() + 1);
+        InHandGuard(Rc::clone(self))
+    }
+
+    /// Waits until there are none.
+    async fn none(&self) {
+        loop {
+            let seen = self.changed.generation();
+            if self.count.get() == 0 {
+                return;
+            }
+            self.changed.changed(seen).await;
+        }
+    }
+}
+
+struct InHandGuard(Rc<InHand>);
+
+impl Drop for InHandGuard {
+    fn drop(&mut self) {
+        self.0.count.set(self.0.count.get() - 1);
+        self.0.changed.notify();
+    }
 }
 
 impl Client {

@@ -1317,6 +1317,35 @@ fn append_sessions_keep_to_their_bounds() {
     common::wait_until("given back", || held() == 0);
 }
 
+/// A session's batches waiting to be durable hold none of their shard's handlers: with
+/// more of them in flight than `--shard-handlers-max`, all are sequenced, and the
+/// shard goes on serving other requests (an append to another stream) meanwhile.
+#[test]
+fn session_batches_waiting_to_be_durable_hold_no_handlers() {
+    use std::io::Write as _;
+    let dir = tempdir();
+    let flags = ["--shards", "1", "--shard-handlers-max", "16"];
+    let nova = Nova::start_with(&dir.path().join("data"), &flags, &[]);
+    let slow = r#"{"create_stream_on_append":true,"default_batch_max_delay_ms":60000}"#;
+    nova.ok("POST", "/v1/buckets/slow", Some(slow), 201);
+    nova.express_bucket("fast");
+    let one = Some(r#"{"records":[{"body":"x"}]}"#);
+    nova.ok("POST", "/v1/streams/fast/x/records", one, 200);
+    let mut session = std::net::TcpStream::connect(&nova.server.authority).expect("connect");
+    let head = format!(
+        "POST /v1/streams/slow/s/records HTTP/1.1\r\nhost: nova\r\n\
+         content-type: {SESSION_MEDIA}\r\ntransfer-encoding: chunked\r\n\r\n"
+    );
+    let batches: Vec<u8> = (0..64).flat_map(|i| session_batch(&[&format!("{i}")], None)).collect();
+    let chunk = [format!("{:x}\r\n", batches.len()).as_bytes(), &batches, b"\r\n"].concat();
+    session.write_all(&[head.as_bytes(), &chunk].concat()).expect("64 batches");
+    common::wait_until("64 batches waiting to be durable", || {
+        nova.metric("nova_shard_appends_waiting") == 64
+    });
+    nova.ok("POST", "/v1/streams/fast/x/records", one, 200);
+    assert_eq!(nova.metric("nova_http_session_outcomes_total"), 0, "none durable yet");
+}
+
 /// A session stays on the stream its first batch went to: once that stream is deleted,
 /// its next batch ends it with `not_found`, and the bucket's create-on-append makes no
 /// new stream under it (whose numbers would start again at 0 mid-session).
