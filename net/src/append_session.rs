@@ -248,17 +248,21 @@ impl Reader {
     }
 
     /// Waits until fewer than `--http-session-in-flight-max` batches of the session are
-    /// sequenced and unacknowledged.
+    /// sequenced and unacknowledged; `Stop::Over` once the session is over or the node
+    /// stops, even with room (a batch whose bytes were all buffered must not be
+    /// appended after the answer has ended).
     async fn room(&self) -> Result<(), Stop> {
         let max = usize::try_from(self.shared.settings.session_in_flight_max).unwrap_or(usize::MAX);
-        while self.state.in_flight.get() >= max {
+        loop {
             let seen = self.state.changed.generation();
+            if self.state.over.get() || self.shared.stopping.is_set() {
+                return Err(Stop::Over);
+            }
             if self.state.in_flight.get() < max {
-                break;
+                return Ok(());
             }
             self.state.wait(&self.shared, seen).await?;
         }
-        Ok(())
     }
 
     /// Why the session ends once the reader stopped inside batch `batch`.
