@@ -868,6 +868,7 @@ fn run(args: Vec<String>) -> Outcome {
             args.only(&["prefix", "limit", "cursor"])?;
             let text = one("address")?;
             let (bucket, key) = address(text, false)?;
+            let bucket = if bucket.is_empty() { implied_bucket(&session)? } else { bucket };
             if key.is_some() {
                 return Err(usage_error(format!(
                     "stream list takes a bucket like nova://{bucket}, not the stream {text:?}; \

@@ -325,6 +325,7 @@ fn an_address_with_no_bucket_is_in_the_default_bucket() {
     assert_eq!(bucket["create_stream_on_read"], false, "{bucket}");
     let created = json_of(&server, &["--json", "stream", "create", "--key", "made"]);
     assert_eq!(created["bucket"], "default", "{created}");
+    assert_eq!(ok(&server, &["stream", "list", "nova:///"], None), "made\norders/eu\n");
     // An existing `default` is used as it is, never reconfigured.
     server.ok("PUT", "/v1/buckets/default", Some("{}"), 200);
     let refused = fails(&server, &["append", "nova:///other"], Some("x\n"), 1);
