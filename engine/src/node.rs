@@ -695,24 +695,30 @@ async fn run_shard(
                     _ => None,
                 };
                 glommio::spawn_local(async move {
-                    let handled = async { reply.send(shard.handle(*record, op).await) };
-                    match sequenced {
-                        None => {
-                            let _ = handled.await;
-                            drop(permit);
+                    let Some((signal, relayed, held)) = sequenced else {
+                        let _ = reply.send(shard.handle(*record, op).await);
+                        drop(permit);
+                        return;
+                    };
+                    let relay = async {
+                        // Sequenced, or answered without being (a refusal, or handed back).
+                        if relayed.recv_async().await.is_ok() {
+                            let _ = signal.try_send(());
                         }
-                        Some((signal, relayed, held)) => {
-                            let relay = async move {
-                                // Sequenced, or answered without being (a refusal).
-                                if relayed.recv_async().await.is_ok() {
-                                    let _ = signal.try_send(());
-                                }
-                                drop(permit);
-                            };
-                            let _ = futures_lite::future::zip(handled, relay).await;
-                            drop(held);
+                        drop(permit);
+                    };
+                    let answered = async {
+                        let mut answer = shard.handle(*record, op).await;
+                        // Handed back unused (its stream is not this shard's to lead any
+                        // more): it goes on with its caller's own signal, so that nothing
+                        // of this shard (a relay, a permit) waits on where it goes next.
+                        if let Answer::Stale(Op::Append { sequenced, .. }) = &mut answer {
+                            *sequenced = Some(signal.clone());
                         }
-                    }
+                        let _ = reply.send(answer);
+                    };
+                    futures_lite::future::zip(answered, relay).await;
+                    drop(held);
                 })
                 .detach();
             }

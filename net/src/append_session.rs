@@ -206,8 +206,7 @@ impl Reader {
                 Ok(()) => {}
                 Err(Stop::Ended) if self.arrived.is_empty() => return None,
                 Err(Stop::Ended) => return Some(cut_short(batch)),
-                Err(Stop::Over) => return self.stopping(),
-                Err(Stop::Refused(error)) => return Some(error),
+                Err(stop @ (Stop::Over | Stop::Refused(_))) => return self.stopped(stop, batch),
             }
             let len = take_prefix(&mut self.arrived);
             if u64::from(len) > limit.bytes {

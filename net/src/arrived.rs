@@ -1,13 +1,15 @@
 //! A request body's bytes as they arrive, in order, kept until they are taken.
 //!
 //! hyper hands a body over in pieces that are slices of its read buffer, and a piece
-//! keeps the whole buffer it was read into alive (8 KiB or more). Body memory counts a
-//! piece's bytes, so a client that sends a body a byte at a time (one-byte chunks) would
-//! hold a read buffer per byte it counts. A piece under [`KEPT_PIECE_BYTES_MIN`] is
-//! therefore copied into a buffer of the server's own, beside the small pieces before it;
-//! a larger one is kept as it came, so a body sent in large writes reaches the chunk
-//! buffer with no copy on the way (a piece that large keeps a read buffer hyper filled
-//! at least that much of, since hyper grows its buffer only on reads that fill it).
+//! keeps the whole buffer it was read into alive (8 KiB to about 400 KiB). Body memory
+//! counts a piece's bytes, so a client that sends a body a byte at a time (one-byte
+//! chunks) would hold a read buffer per byte it counts. A piece under
+//! [`KEPT_PIECE_BYTES_MIN`] is therefore copied into a buffer of the server's own, beside
+//! the small pieces before it; so is a large piece next to a small one, on either side,
+//! since the buffer it shares with them may be mostly their chunk framing, which nothing
+//! counts. Only a large piece between large ones is kept as it came: its buffer holds
+//! body bytes that are counted, and a body sent in large writes reaches the chunk buffer
+//! with no copy on the way.
 
 use std::collections::VecDeque;
 
@@ -20,9 +22,13 @@ pub const KEPT_PIECE_BYTES_MIN: usize = 16 << 10;
 #[derive(Default)]
 pub struct Arrived {
     pieces: VecDeque<Bytes>,
-    /// Small pieces after the last kept one, copied together.
+    /// Pieces copied since the last kept one, together.
     gathering: BytesMut,
     len: usize,
+    /// The last piece that arrived was kept as it came, and is the last of `pieces`.
+    last_kept: bool,
+    /// The last piece that arrived was small.
+    last_small: bool,
 }
 
 impl Arrived {
@@ -37,16 +43,28 @@ impl Arrived {
 
     pub fn push(&mut self, piece: Bytes) {
         self.len += piece.len();
-        if piece.len() < KEPT_PIECE_BYTES_MIN {
-            // Room for the largest small piece, so that gathering grows by whole buffers.
-            self.gathering.reserve(KEPT_PIECE_BYTES_MIN);
-            self.gathering.extend_from_slice(&piece);
-            if self.gathering.len() >= KEPT_PIECE_BYTES_MIN {
-                self.seal();
-            }
+        let small = piece.len() < KEPT_PIECE_BYTES_MIN;
+        if small && self.last_kept {
+            // The large piece before it is next to a small one now: copied too.
+            let kept = self.pieces.pop_back().expect("the last piece kept");
+            self.copy(&kept);
+        }
+        if small || self.last_small {
+            self.copy(&piece);
         } else {
             self.seal();
             self.pieces.push_back(piece);
+        }
+        self.last_kept = !small && !self.last_small;
+        self.last_small = small;
+    }
+
+    fn copy(&mut self, piece: &[u8]) {
+        // Room for the largest small piece, so that gathering grows by whole buffers.
+        self.gathering.reserve(KEPT_PIECE_BYTES_MIN.max(piece.len()));
+        self.gathering.extend_from_slice(piece);
+        if self.gathering.len() >= KEPT_PIECE_BYTES_MIN {
+            self.seal();
         }
     }
 
@@ -62,6 +80,8 @@ impl Arrived {
         assert!(n <= self.len, "take {n} of {} bytes", self.len);
         self.seal();
         self.len -= n;
+        // The back piece stays where it is unless everything is taken.
+        self.last_kept &= self.len > 0;
         let mut taken = Vec::new();
         while n > 0 {
             let front = self.pieces.front_mut().expect("n <= len");
@@ -86,24 +106,47 @@ impl Arrived {
 mod tests {
     use super::*;
 
+    fn large(byte: u8) -> Bytes {
+        Bytes::from(vec![byte; KEPT_PIECE_BYTES_MIN])
+    }
+
+    /// Whether `piece` is (a slice of) `of`, not a copy.
+    fn kept(piece: &Bytes, of: &Bytes) -> bool {
+        let range = of.as_ptr_range();
+        range.contains(&piece.as_ptr())
+    }
+
     #[test]
-    fn small_pieces_are_gathered_and_large_ones_kept_in_order() {
+    fn large_pieces_between_large_ones_are_kept_and_the_rest_copied_in_order() {
         let mut arrived = Arrived::default();
-        let large = Bytes::from(vec![7u8; KEPT_PIECE_BYTES_MIN]);
-        for byte in 0..3u8 {
+        let (a, b, c, d) = (large(1), large(2), large(3), large(4));
+        arrived.push(a.clone());
+        arrived.push(b.clone());
+        for byte in 5..8u8 {
             arrived.push(Bytes::from(vec![byte]));
         }
-        arrived.push(large.clone());
-        arrived.push(Bytes::from_static(b"xy"));
-        assert_eq!(arrived.len(), 3 + KEPT_PIECE_BYTES_MIN + 2);
-        let taken = arrived.take(4);
-        assert_eq!(taken.concat(), [0, 1, 2, 7]);
-        assert_eq!(taken.len(), 2, "the three small pieces went into one");
-        let rest = arrived.take_all();
-        assert_eq!(rest.len(), 2);
-        assert_eq!(rest[0].as_ptr(), large[1..].as_ptr(), "the large piece is not copied");
-        assert_eq!(&rest[1][..], b"xy");
+        arrived.push(c.clone());
+        arrived.push(d.clone());
+        let pieces = arrived.take_all();
+        let expected = [&a[..], &b[..], &[5, 6, 7], &c[..], &d[..]].concat();
+        assert_eq!(pieces.concat(), expected);
+        assert!(kept(&pieces[0], &a), "between the body's start and a large piece");
+        // b is next to the small pieces after it, c to those before it: both copied.
+        assert!(pieces.iter().all(|p| !kept(p, &b) && !kept(p, &c)));
+        assert!(kept(pieces.last().expect("d"), &d), "between a large piece and the end");
         assert!(arrived.is_empty());
+    }
+
+    #[test]
+    fn a_piece_taken_apart_keeps_its_place() {
+        let mut arrived = Arrived::default();
+        let a = large(1);
+        arrived.push(a.clone());
+        assert_eq!(arrived.take(1).concat(), [1]);
+        arrived.push(Bytes::from_static(b"xy"));
+        let rest = arrived.take_all().concat();
+        assert_eq!(rest.len(), KEPT_PIECE_BYTES_MIN + 1);
+        assert_eq!(&rest[KEPT_PIECE_BYTES_MIN - 2..], [1, b'x', b'y']);
     }
 
     #[test]

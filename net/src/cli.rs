@@ -99,8 +99,8 @@ fn usage() -> String {
          In nova://B/K the key K is everything after the bucket, as written: `/` is part of it\n\
          and nothing is percent-decoded (nova://apps/orders/eu is the key orders/eu).\n\
          An address with no bucket (nova:///orders/eu, or --key without --bucket) is in the\n\
-         bucket `default`, created first if it does not exist (streams created on first\n\
-         append; an existing one is used as it is).\n\n",
+         bucket `default`, which append and stream create make first if it does not exist\n\
+         (streams created on first append; an existing one is used as it is).\n\n",
     );
     for (_, line, _) in VERBS {
         text.push_str(&format!("  {line}\n"));
@@ -380,12 +380,19 @@ impl Args {
 const DEFAULT_BUCKET: &str = "default";
 
 /// The stream `text` names: `nova://bucket/key`, or, with no bucket, `nova:///key` in
-/// [`DEFAULT_BUCKET`], which is then made sure of ([`implied_bucket`]). A key without
-/// `nova://` is refused, never taken for one in `default`: `apps/orders` meant for the
-/// stream `orders` of `apps` would name another stream.
-fn stream_address(session: &Session, text: &str) -> Result<Address, Failure> {
+/// [`DEFAULT_BUCKET`], which a verb that `writes` first makes sure of
+/// ([`implied_bucket`]); one that only reads or removes leaves it as it is. A key
+/// without `nova://` is refused, never taken for one in `default`: `apps/orders` meant
+/// for the stream `orders` of `apps` would name another stream.
+fn stream_address(session: &Session, text: &str, writes: bool) -> Result<Address, Failure> {
     let (bucket, key) = address(text, true)?;
-    let bucket = if bucket.is_empty() { implied_bucket(session)? } else { bucket };
+    let bucket = if !bucket.is_empty() {
+        bucket
+    } else if writes {
+        implied_bucket(session)?
+    } else {
+        DEFAULT_BUCKET.to_owned()
+    };
     Ok(Address::new(bucket, key.unwrap_or_default()))
 }
 
@@ -815,7 +822,7 @@ fn run(args: Vec<String>) -> Outcome {
                 (Some(bucket), Some(key), []) => (bucket.to_owned(), key.to_owned()),
                 (None, Some(key), []) => (implied_bucket(&session)?, key.to_owned()),
                 (None, None, [address_text]) => {
-                    let address = stream_address(&session, address_text)?;
+                    let address = stream_address(&session, address_text, true)?;
                     (address.bucket, address.key)
                 }
                 _ => {
@@ -843,14 +850,14 @@ fn run(args: Vec<String>) -> Outcome {
         }
         "stream get" => {
             args.only(&[])?;
-            let Address { bucket, key } = stream_address(&session, one("address")?)?;
+            let Address { bucket, key } = stream_address(&session, one("address")?, false)?;
             let record = session.call("GET", &stream_path(&bucket, &key), None)?;
             session.show(&record, fields);
             Ok(())
         }
         "stream delete" => {
             args.only(&[])?;
-            let Address { bucket, key } = stream_address(&session, one("address")?)?;
+            let Address { bucket, key } = stream_address(&session, one("address")?, false)?;
             session.call("DELETE", &stream_path(&bucket, &key), None)?;
             let deleted = json!({"deleted": "stream", "bucket": bucket, "key": key});
             session.show(&deleted, |_| format!("deleted stream nova://{bucket}/{key}"));
@@ -858,7 +865,7 @@ fn run(args: Vec<String>) -> Outcome {
         }
         "stream reconfigure" => {
             args.only_with_options(&[], Some(""))?;
-            let Address { bucket, key } = stream_address(&session, one("address")?)?;
+            let Address { bucket, key } = stream_address(&session, one("address")?, false)?;
             let body = options_body(&args, "")?;
             let record = session.call("PATCH", &stream_path(&bucket, &key), Some(&body))?;
             session.show(&record, fields);
@@ -868,7 +875,7 @@ fn run(args: Vec<String>) -> Outcome {
             args.only(&["prefix", "limit", "cursor"])?;
             let text = one("address")?;
             let (bucket, key) = address(text, false)?;
-            let bucket = if bucket.is_empty() { implied_bucket(&session)? } else { bucket };
+            let bucket = if bucket.is_empty() { DEFAULT_BUCKET.to_owned() } else { bucket };
             if key.is_some() {
                 return Err(usage_error(format!(
                     "stream list takes a bucket like nova://{bucket}, not the stream {text:?}; \
@@ -896,15 +903,15 @@ fn run(args: Vec<String>) -> Outcome {
         }
         "append" => {
             args.only(&["batch", "header", "match-seq-num", "fencing-token"])?;
-            append(&session, &stream_address(&session, one("address")?)?, &args)
+            append(&session, &stream_address(&session, one("address")?, true)?, &args)
         }
         "read" => {
             args.only(&["from-seq", "from-time", "tail-offset", "count", "follow"])?;
-            read(&session, &stream_address(&session, one("address")?)?, &args)
+            read(&session, &stream_address(&session, one("address")?, false)?, &args)
         }
         "tail" => {
             args.only(&[])?;
-            let Address { bucket, key } = stream_address(&session, one("address")?)?;
+            let Address { bucket, key } = stream_address(&session, one("address")?, false)?;
             let tail =
                 session.call("GET", &format!("{}/tail", stream_path(&bucket, &key)), None)?;
             session.show(&tail, |t| tail_text(&t["tail"]));
@@ -918,7 +925,7 @@ fn run(args: Vec<String>) -> Outcome {
                 (None, Some(time)) => json!({"timestamp": time}),
                 _ => return Err(usage_error("trim takes one of --seq N or --time T")),
             };
-            let Address { bucket, key } = stream_address(&session, one("address")?)?;
+            let Address { bucket, key } = stream_address(&session, one("address")?, false)?;
             let trimmed = session.call(
                 "POST",
                 &format!("{}/trim", stream_path(&bucket, &key)),
@@ -930,7 +937,7 @@ fn run(args: Vec<String>) -> Outcome {
         "fence" => {
             args.only(&["token", "expected"])?;
             let token = args.value("token").ok_or_else(|| usage_error("fence needs --token T"))?;
-            let Address { bucket, key } = stream_address(&session, one("address")?)?;
+            let Address { bucket, key } = stream_address(&session, one("address")?, false)?;
             let mut body = json!({"fencing_token": token});
             if let Some(expected) = args.value("expected") {
                 body["expected"] = json!(expected);

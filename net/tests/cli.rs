@@ -312,8 +312,11 @@ fn append_takes_headers_and_batches_and_read_takes_rfc_3339() {
 fn an_address_with_no_bucket_is_in_the_default_bucket() {
     let dir = tempfile::tempdir().expect("tempdir");
     let server = Nova::start(&dir.path().join("data"));
+    // Verbs that only read or remove leave it as they find it.
     let missing = fails(&server, &["read", "nova:///orders/eu"], None, 1);
     assert!(missing.contains("not_found"), "{missing}");
+    fails(&server, &["stream", "get", "nova:///orders/eu"], None, 1);
+    assert_eq!(ok(&server, &["ls"], None), "", "no bucket was made");
     assert!(ok(&server, &["append", "nova:///orders/eu"], Some("a\nb\n")).contains("2 records"));
     let read = ok(&server, &["read", "nova://default/orders/eu", "--from-seq", "0"], None);
     assert_eq!(read, "a\nb\n");
