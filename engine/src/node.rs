@@ -662,8 +662,8 @@ async fn run_shard(
     // are bounded by the requests that can be in flight (a connection has one at a
     // time, and connections are limited), and counted so that stopping waits for them.
     let waiting = Rc::new(glommio::sync::Semaphore::new(config.handlers_max));
-    // Tasks in hand without a handler permit (those reads; sequenced appends once
-    // sequenced): stopping waits for them too.
+    // Tasks in hand without a handler permit (those reads; sequenced appends): stopping
+    // waits for them too.
     let in_hand = Rc::new(InHand::default());
     while let Ok(message) = inbox.recv_async().await {
         match message {
@@ -679,46 +679,28 @@ async fn run_shard(
                 })
                 .detach();
             }
-            Message::Op { record, mut op, reply } => {
+            // An append session's batch (sequenced: its caller waits only until it has
+            // its place) takes no handler permit, which it would hold until durable: a
+            // session keeps many batches waiting, and they must not take every handler
+            // of the shard. Its session sends its next batch only once this one is
+            // sequenced, so sessions (bounded by connections) have one each before that;
+            // the ones waiting to be durable are bounded by each session's in-flight
+            // bound, and their bytes by the memory budget.
+            Message::Op { record, op: op @ Op::Append { sequenced: Some(_), .. }, reply } => {
+                let shard = Rc::clone(&shard);
+                let held = in_hand.take();
+                glommio::spawn_local(async move {
+                    let _ = reply.send(shard.handle(*record, op).await);
+                    drop(held);
+                })
+                .detach();
+            }
+            Message::Op { record, op, reply } => {
                 let Ok(permit) = permits.acquire_static_permit(1).await else { break };
                 let shard = Rc::clone(&shard);
-                // A sequenced append (an append session's) gives its permit back once
-                // sequenced: a session keeps many batches waiting to be durable, which
-                // must not take every handler of the shard; what they hold then, their
-                // bytes, the memory budget bounds, and their number the session's.
-                let sequenced = match &mut op {
-                    Op::Append { sequenced, .. } => sequenced.take().map(|signal| {
-                        let (relay, relayed) = flume::bounded(1);
-                        *sequenced = Some(relay);
-                        (signal, relayed, in_hand.take())
-                    }),
-                    _ => None,
-                };
                 glommio::spawn_local(async move {
-                    let Some((signal, relayed, held)) = sequenced else {
-                        let _ = reply.send(shard.handle(*record, op).await);
-                        drop(permit);
-                        return;
-                    };
-                    let relay = async {
-                        // Sequenced, or answered without being (a refusal, or handed back).
-                        if relayed.recv_async().await.is_ok() {
-                            let _ = signal.try_send(());
-                        }
-                        drop(permit);
-                    };
-                    let answered = async {
-                        let mut answer = shard.handle(*record, op).await;
-                        // Handed back unused (its stream is not this shard's to lead any
-                        // more): it goes on with its caller's own signal, so that nothing
-                        // of this shard (a relay, a permit) waits on where it goes next.
-                        if let Answer::Stale(Op::Append { sequenced, .. }) = &mut answer {
-                            *sequenced = Some(signal.clone());
-                        }
-                        let _ = reply.send(answer);
-                    };
-                    futures_lite::future::zip(answered, relay).await;
-                    drop(held);
+                    let _ = reply.send(shard.handle(*record, op).await);
+                    drop(permit);
                 })
                 .detach();
             }

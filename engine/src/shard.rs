@@ -57,7 +57,7 @@ use crate::options::{StorageClass, StreamOptionsPatch};
 use crate::position::{Position, Tail};
 use crate::stream::{
     AppendInput, ChunkSizes, ChunkSource, DurableChunk, Leader, LeaderInit, PageLimits, ReadStart,
-    Step, metered_bytes,
+    Step,
 };
 use crate::timestamp::Offered;
 use crate::transit;
@@ -241,21 +241,22 @@ pub(crate) fn check_append<'a>(
     if chunk_bytes > entry_max {
         return Err(Error::BatchTooLargeForJournal { chunk_bytes, limit: entry_max });
     }
-    let bytes = metered_bytes(summary.records.into(), frame.data.len() as u64);
-    if bytes > memory_budget {
-        return Err(Error::BatchOverMemoryBudget { bytes, budget_bytes: memory_budget });
-    }
     let offered = request.offered.unwrap_or_else(|| {
         std::iter::repeat_n(frame.conditions.timestamp, summary.records as usize).collect()
     });
-    Ok(AppendInput {
+    let input = AppendInput {
         lengths: frame.lengths,
         data: frame.data,
         summary,
         offered,
         match_seq_num: frame.conditions.match_seq_num,
         fencing_token: frame.conditions.fencing_token,
-    })
+    };
+    let bytes = input.metered_bytes();
+    if bytes > memory_budget {
+        return Err(Error::BatchOverMemoryBudget { bytes, budget_bytes: memory_budget });
+    }
+    Ok(input)
 }
 
 /// The acknowledgement of an append: where it landed and the tail at the ack.
@@ -787,7 +788,7 @@ impl Shard {
         let entry_max = self.journal.entry_bytes_max();
         let budget = self.config.memory_budget_bytes;
         let input = check_append(&request, &self.config.limits, entry_max, budget)?;
-        self.make_room(metered_bytes(input.summary.records.into(), input.data.len() as u64));
+        self.make_room(input.metered_bytes());
         let class = slot.leader.borrow().options().class;
         let sequenced = {
             let mut leader = slot.leader.borrow_mut();

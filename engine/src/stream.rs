@@ -234,6 +234,13 @@ impl Standing<'_> {
     }
 }
 
+impl AppendInput<'_> {
+    /// What the batch takes of its shard's memory budget.
+    pub fn metered_bytes(&self) -> u64 {
+        metered_bytes(self.summary.records.into(), self.data.len() as u64)
+    }
+}
+
 /// A sequenced batch: where it landed. Durable (and acknowledged) once the visible tail
 /// reaches `end.seq_num`.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -465,7 +472,7 @@ impl<B: ChunkStorage, L: Clone> Leader<B, L> {
         // (4) throughput cap, then the memory budget.
         let count = u64::from(input.summary.records);
         self.throughput.check(input.summary.content_bytes, arrival_ms)?;
-        reserve(metered_bytes(count, input.data.len() as u64))?;
+        reserve(input.metered_bytes())?;
         self.throughput.take(input.summary.content_bytes);
 
         let start = Position { seq_num: self.next_seq_num, timestamp: stamp };

@@ -671,12 +671,32 @@ pub(crate) fn plain_number<T: std::str::FromStr>(text: &str, signed: bool) -> Op
     plain.then(|| text.parse().ok()).flatten()
 }
 
-/// A whole-number parameter; `accepted` says which numbers, for the refusal of one that
-/// is not a number (the verb checks the range).
+/// Which whole numbers a query parameter takes, as the refusal of one that is not a
+/// number says (the verb checks the range).
+#[derive(Clone, Copy)]
+enum Whole {
+    /// `seq_num`, `tail_offset`.
+    Position,
+    /// A list's `limit`.
+    ListLimit,
+    /// A read's `count` and `bytes` (0 is refused as a bound of its own).
+    Bound,
+}
+
+impl std::fmt::Display for Whole {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            Whole::Position => write!(f, "a whole number from 0 to {}", u64::MAX),
+            Whole::ListLimit => write!(f, "a whole number from 1 to {LIST_PAGE_MAX}"),
+            Whole::Bound => write!(f, "a whole number from 1 (omit it: no bound)"),
+        }
+    }
+}
+
 fn number_param(
     pairs: &[(String, String)],
     name: &str,
-    accepted: &str,
+    accepted: Whole,
 ) -> Result<Option<u64>, ApiError> {
     param(pairs, name)
         .map(|text| {
@@ -688,11 +708,6 @@ fn number_param(
         })
         .transpose()
 }
-
-/// What a list's `limit` takes.
-const LIMIT_ACCEPTED: &str = "a whole number from 1 to 1000";
-/// What a position (`seq_num`, `tail_offset`) takes.
-const POSITION_ACCEPTED: &str = "a whole number from 0 to 18446744073709551615";
 
 /// A timestamp bound (int64 milliseconds), as stored stamps compare with it
 /// ([`timestamp::clamp_to_stored`]).
@@ -893,7 +908,7 @@ async fn metrics(shared: &Shared) -> Answer {
 
 async fn list_buckets(shared: &Shared, request: &Request<Incoming>) -> Answer {
     let pairs = query(request, &["limit", "start_after"])?;
-    let limit = number_param(&pairs, "limit", LIMIT_ACCEPTED)?;
+    let limit = number_param(&pairs, "limit", Whole::ListLimit)?;
     let page = shared.client.control().list_buckets(param(&pairs, "start_after"), limit).await?;
     let buckets: Vec<Value> = page.buckets.iter().map(wire::bucket_json).collect();
     let next = page.next.map(BucketName::into_string).unwrap_or_default();
@@ -963,7 +978,7 @@ async fn issue_token(shared: &Shared, caller: &Caller, mut request: Request<Inco
 async fn list_tokens(shared: &Shared, request: &Request<Incoming>) -> Answer {
     let auth = token_table(shared)?;
     let pairs = query(request, &["limit", "start_after"])?;
-    let limit = match number_param(&pairs, "limit", LIMIT_ACCEPTED)? {
+    let limit = match number_param(&pairs, "limit", Whole::ListLimit)? {
         None => LIST_PAGE_MAX,
         Some(limit) => u32::try_from(limit)
             .ok()
@@ -992,7 +1007,7 @@ async fn list_streams(
     let pairs = query(request, &["prefix", "start_after", "limit"])?;
     // A stream-prefix grant lists only under its prefix.
     caller.may(Access::Read, Target::Listing(bucket, param(&pairs, "prefix").unwrap_or("")))?;
-    let limit = number_param(&pairs, "limit", LIMIT_ACCEPTED)?;
+    let limit = number_param(&pairs, "limit", Whole::ListLimit)?;
     let page = shared
         .client
         .control()
@@ -1096,9 +1111,9 @@ const PLAN_PARAMS: [&str; 7] =
 pub fn read_params(request: &Request<Incoming>, accepted: &[&str]) -> Result<ReadParams, ApiError> {
     let pairs = query(request, accepted)?;
     let starts: Vec<ReadStart> = [
-        number_param(&pairs, "seq_num", POSITION_ACCEPTED)?.map(ReadStart::SeqNum),
+        number_param(&pairs, "seq_num", Whole::Position)?.map(ReadStart::SeqNum),
         timestamp_param(&pairs, "timestamp")?.map(ReadStart::Timestamp),
-        number_param(&pairs, "tail_offset", POSITION_ACCEPTED)?.map(ReadStart::TailOffset),
+        number_param(&pairs, "tail_offset", Whole::Position)?.map(ReadStart::TailOffset),
     ]
     .into_iter()
     .flatten()
@@ -1113,8 +1128,7 @@ pub fn read_params(request: &Request<Incoming>, accepted: &[&str]) -> Result<Rea
         }
     };
     let bound = |name: &'static str| -> Result<Option<u64>, ApiError> {
-        // 0 is a number, refused as a bound of its own.
-        match number_param(&pairs, name, "a whole number from 1 (omit it: no bound)")? {
+        match number_param(&pairs, name, Whole::Bound)? {
             Some(0) => Err(engine::Error::read_bound_zero(name).into()),
             other => Ok(other),
         }

@@ -167,7 +167,7 @@ pub const SHARD_HANDLERS_MAX: Knob = Knob {
     default: 4096,
     min: 16,
     max: 1 << 20,
-    help: "requests one shard works on at once (unacknowledged appends included, but not an append session's batches once sequenced, which its memory budget and --http-session-in-flight-max bound); reads that may wait (long polls, subscription pages) have a second pool of this size, so idle followers never hold up appends",
+    help: "requests one shard works on at once (unacknowledged appends included, but not an append session's batches: a session sends one at a time until it is sequenced, and the memory budget and --http-session-in-flight-max bound those waiting to be durable); reads that may wait (long polls, subscription pages) have a second pool of this size, so idle followers never hold up appends",
     reason: "each waiting request costs a task and little memory; the memory budget, not this, bounds the bytes they hold",
 };
 

@@ -73,7 +73,6 @@ pub struct SessionAck {
 
 /// Batches pipelined on one connection; see the module docs.
 pub struct AppendSession {
-    format: Format,
     /// The batch before which the server ended the streamed request (refused it): the
     /// batches in flight are behind it, and the next submit starts a new request.
     ended: bool,
@@ -236,7 +235,6 @@ impl AppendSession {
         let path = format!("{}/records", address.path());
         Ok(Self {
             connection: Connection::open(server, &path, format, in_flight_max, timeout)?,
-            format,
             ended: false,
             path,
             server: server.clone(),
@@ -283,7 +281,7 @@ impl AppendSession {
         }
         let mut buffer = self.connection.spare.try_recv().unwrap_or_default();
         buffer.clear();
-        match self.format {
+        match self.connection.format {
             Format::Binary => {
                 // One chunk of the request body: the batch's length, then the batch.
                 let len = batch.framed_len(conditions);
@@ -335,7 +333,7 @@ impl AppendSession {
         self.in_flight -= 1;
         match &ack.result {
             Err(Error::Io { .. }) => self.failed = true,
-            Err(_) if self.format == Format::Binary => self.ended = true,
+            Err(_) if self.connection.format == Format::Binary => self.ended = true,
             _ => {}
         }
     }
@@ -357,7 +355,7 @@ impl AppendSession {
         *connection = Connection::open(
             &self.server,
             &self.path,
-            self.format,
+            connection.format,
             self.in_flight_max,
             self.timeout,
         )?;
