@@ -20,6 +20,14 @@ fn batch(bodies: &[&str]) -> Batch {
     batch
 }
 
+/// A bucket of `class` streams, created on first append.
+fn autocreating(client: &Client, name: &str, class: StorageClass) {
+    let mut bucket = Bucket::new(name);
+    bucket.create_on_append = true;
+    bucket.defaults.class = Some(class);
+    client.ensure_bucket(&bucket).expect("bucket");
+}
+
 fn bodies(records: &[net::client::Record]) -> Vec<String> {
     records.iter().map(|r| String::from_utf8(r.body.clone()).expect("text")).collect()
 }
@@ -112,10 +120,7 @@ fn verbs_in_both_formats(nova: &Nova) {
 
 fn append_session_pipelines_in_order(nova: &Nova) {
     let client = Client::new(&nova.url).expect("url");
-    let mut bucket = Bucket::new("cl-sess");
-    bucket.create_on_append = true;
-    bucket.defaults.class = Some(StorageClass::Express);
-    client.ensure_bucket(&bucket).expect("bucket");
+    autocreating(&client, "cl-sess", StorageClass::Express);
     for (format, key) in [(Format::Binary, "bin"), (Format::Json, "json")] {
         let client = Client::new(&nova.url).expect("url").with_format(format);
         let address = Address::new("cl-sess", key);
@@ -190,10 +195,7 @@ fn append_session_pipelines_in_order(nova: &Nova) {
 /// upload apart, each ack's tail at its own end).
 fn a_streamed_session_shares_uploads_among_its_batches(nova: &Nova) {
     let client = Client::new(&nova.url).expect("url");
-    let mut bucket = Bucket::new("cl-std");
-    bucket.create_on_append = true;
-    bucket.defaults.class = Some(StorageClass::Standard);
-    client.ensure_bucket(&bucket).expect("bucket");
+    autocreating(&client, "cl-std", StorageClass::Standard);
     let address = Address::new("cl-std", "s");
     const BATCHES: u64 = 40;
     let mut session = client.append_session(&address, BATCHES as usize).expect("session");

@@ -69,8 +69,7 @@ pub struct Response {
 
 impl Response {
     pub fn header(&self, name: &str) -> Option<&str> {
-        let name = name.to_ascii_lowercase();
-        self.headers.iter().find(|(n, _)| *n == name).map(|(_, v)| v.as_str())
+        find(&self.headers, &name.to_ascii_lowercase())
     }
 
     pub fn text(&self) -> String {
@@ -112,8 +111,7 @@ impl Streaming {
     }
 
     pub fn header(&self, name: &str) -> Option<&str> {
-        let name = name.to_ascii_lowercase();
-        self.headers.iter().find(|(n, _)| *n == name).map(|(_, v)| v.as_str())
+        find(&self.headers, &name.to_ascii_lowercase())
     }
 
     /// Reads the rest of the body.
@@ -178,17 +176,7 @@ pub fn open_on(
             return Err(io::Error::new(io::ErrorKind::UnexpectedEof, "no response"));
         }
     }
-    streaming(reader, method, &mut line)
-}
-
-/// The response whose status line `reader` has just given (in `line`), its body read as
-/// it arrives.
-pub fn streaming<R: BufRead + Send + 'static>(
-    mut reader: R,
-    method: &str,
-    line: &mut String,
-) -> io::Result<Streaming> {
-    let (status, headers) = read_head(&mut reader, line)?;
+    let (status, headers) = read_head(&mut reader, &mut line)?;
     Ok(Streaming::after_head(reader, method, status, headers))
 }
 
