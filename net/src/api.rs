@@ -63,6 +63,9 @@ pub struct Settings {
     pub idle_timeout: Duration,
     /// What `idle_timeout` becomes (when shorter) once a graceful stop begins.
     pub shutdown_idle: Duration,
+    /// A peer that stops answering TCP is given up this long after (keepalive probes,
+    /// `TCP_USER_TIMEOUT`).
+    pub peer_gone: Duration,
     /// A request that succeeds is logged only when it took at least this long.
     pub log_slow: Duration,
     /// Request log lines a shard writes per second at most.

@@ -19,7 +19,7 @@ use crate::server::{self, ServerConfig};
 /// The HTTP server's knobs; the engine's are `engine::node::engine_knobs()` and the S3
 /// store's [`S3_KNOBS`]. Together they are every knob (`tuning::KNOBS`), and `nova serve`
 /// takes each as a flag.
-pub const HTTP_KNOBS: [Knob; 14] = [
+pub const HTTP_KNOBS: [Knob; 15] = [
     tuning::HTTP_CONNECTIONS_MAX,
     tuning::HTTP_BODY_BYTES_MAX,
     tuning::HTTP_JSON_BODY_BYTES_MAX,
@@ -29,6 +29,7 @@ pub const HTTP_KNOBS: [Knob; 14] = [
     tuning::HTTP_HEAD_BYTES_MAX,
     tuning::HTTP_IDLE_TIMEOUT_MS,
     tuning::HTTP_SHUTDOWN_IDLE_MS,
+    tuning::HTTP_PEER_GONE_MS,
     tuning::HTTP_LOG_SLOW_MS,
     tuning::HTTP_LOG_LINES_PER_SECOND,
     tuning::LOG_QUEUE_LINES,
@@ -353,6 +354,8 @@ pub fn run(args: &[String]) -> Result<(), String> {
         Duration::from_millis(knob(&flags, tuning::HTTP_IDLE_TIMEOUT_MS)?);
     server_config.settings.shutdown_idle =
         Duration::from_millis(knob(&flags, tuning::HTTP_SHUTDOWN_IDLE_MS)?);
+    server_config.settings.peer_gone =
+        Duration::from_millis(knob(&flags, tuning::HTTP_PEER_GONE_MS)?);
     server_config.settings.log_slow =
         Duration::from_millis(knob(&flags, tuning::HTTP_LOG_SLOW_MS)?);
     server_config.settings.log_lines_per_second = knob(&flags, tuning::HTTP_LOG_LINES_PER_SECOND)?;

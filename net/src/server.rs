@@ -60,6 +60,7 @@ impl ServerConfig {
                 head_bytes_max: tuning::HTTP_HEAD_BYTES_MAX.default,
                 idle_timeout: Duration::from_millis(tuning::HTTP_IDLE_TIMEOUT_MS.default),
                 shutdown_idle: Duration::from_millis(tuning::HTTP_SHUTDOWN_IDLE_MS.default),
+                peer_gone: Duration::from_millis(tuning::HTTP_PEER_GONE_MS.default),
                 log_slow: Duration::from_millis(tuning::HTTP_LOG_SLOW_MS.default),
                 log_lines_per_second: tuning::HTTP_LOG_LINES_PER_SECOND.default,
                 heartbeat: Duration::from_millis(tuning::SSE_HEARTBEAT_MS.default),
@@ -199,7 +200,7 @@ async fn serve_shard(
 async fn connection(shared: Rc<Shared>, stream: TcpStream, permit: StaticPermit) {
     shared.metrics.connection_opened(shared.shard);
     let _ = stream.set_nodelay(true);
-    keep_alive_probes(&stream);
+    keep_alive_probes(&stream, shared.settings.peer_gone);
     let handler = Rc::clone(&shared);
     // The connection's last caller, so a kept-alive connection's token is checked once.
     let callers = Rc::new(CallerCache::default());
@@ -367,23 +368,32 @@ impl Watchdog {
     }
 }
 
-/// TCP keepalive on a connection: idle [`KEEPALIVE_IDLE_SECONDS`], then a probe every
-/// [`KEEPALIVE_INTERVAL_SECONDS`], dropped after [`KEEPALIVE_PROBES`] unanswered; and
-/// bytes sent but not acknowledged by the peer for [`UNACKNOWLEDGED_MS_MAX`] drop it too
-/// (keepalive probes only a quiet connection; without this, retransmissions would take
-/// about 15 minutes). A request may be answered for as long as its client likes without
-/// a byte moving (an append session between batches), which the idle watchdog counts as
-/// busy: a peer that vanished without a word (a host gone, a network cut) is found this
-/// way, in about two minutes, and its connection permit and memory given back.
-fn keep_alive_probes(stream: &TcpStream) {
+/// TCP keepalive on a connection, so a peer that vanished without a word (a host gone,
+/// a network cut) is found within `peer_gone` and its connection permit and memory given
+/// back: a quiet connection is probed from half of it on, six probes over the other half;
+/// and bytes sent but not acknowledged by the peer for `peer_gone` drop it too (keepalive
+/// probes only a quiet connection; without this, retransmissions would take about 15
+/// minutes). A request may be answered for as long as its client likes without a byte
+/// moving (an append session between batches), which the idle watchdog counts as busy:
+/// this is what finds such a connection's peer gone. A client that is there but reads
+/// slowly acknowledges what it received (its window closes; the watchdog's write stall
+/// covers it).
+fn keep_alive_probes(stream: &TcpStream, peer_gone: Duration) {
     use std::os::fd::AsRawFd as _;
+    const PROBES: u64 = 6;
+    let seconds =
+        |d: Duration| libc::c_int::try_from(d.as_secs().max(1)).unwrap_or(libc::c_int::MAX);
     let fd = stream.as_raw_fd();
     let options = [
         (libc::SOL_SOCKET, libc::SO_KEEPALIVE, 1),
-        (libc::IPPROTO_TCP, libc::TCP_KEEPIDLE, KEEPALIVE_IDLE_SECONDS),
-        (libc::IPPROTO_TCP, libc::TCP_KEEPINTVL, KEEPALIVE_INTERVAL_SECONDS),
-        (libc::IPPROTO_TCP, libc::TCP_KEEPCNT, KEEPALIVE_PROBES),
-        (libc::IPPROTO_TCP, libc::TCP_USER_TIMEOUT, UNACKNOWLEDGED_MS_MAX),
+        (libc::IPPROTO_TCP, libc::TCP_KEEPIDLE, seconds(peer_gone / 2)),
+        (libc::IPPROTO_TCP, libc::TCP_KEEPINTVL, seconds(peer_gone / 2 / PROBES as u32)),
+        (libc::IPPROTO_TCP, libc::TCP_KEEPCNT, PROBES as libc::c_int),
+        (
+            libc::IPPROTO_TCP,
+            libc::TCP_USER_TIMEOUT,
+            libc::c_int::try_from(peer_gone.as_millis()).unwrap_or(libc::c_int::MAX),
+        ),
     ];
     for (level, name, value) in options {
         // SAFETY: setsockopt(2) on a socket this connection owns, with a live c_int.
@@ -398,17 +408,6 @@ fn keep_alive_probes(stream: &TcpStream) {
         }
     }
 }
-
-/// Seconds a connection is quiet before TCP keepalive probes its peer.
-const KEEPALIVE_IDLE_SECONDS: libc::c_int = 60;
-/// Seconds between keepalive probes.
-const KEEPALIVE_INTERVAL_SECONDS: libc::c_int = 10;
-/// Unanswered probes before the connection is dropped.
-const KEEPALIVE_PROBES: libc::c_int = 6;
-/// Milliseconds sent bytes may go unacknowledged by the peer (`TCP_USER_TIMEOUT`). A
-/// client that is there but reads slowly acknowledges what it received (its window
-/// closes; the watchdog's write stall covers it).
-const UNACKNOWLEDGED_MS_MAX: libc::c_int = 120_000;
 
 /// A per-process number that tells request ids of different runs apart.
 fn boot_id() -> u32 {

@@ -8,7 +8,7 @@ mod common;
 use std::io::BufRead;
 use std::time::{Duration, Instant};
 
-use common::{Nova, Store, have_curl, shell};
+use common::{Nova, Store, have_curl, shell, wait_until};
 use net::api::RECORDS_MEDIA_TYPE;
 use net::client::{self, next_event};
 use serde_json::{Value, json};
@@ -2972,6 +2972,39 @@ fn a_connection_without_a_request_is_closed_after_the_idle_timeout() {
     assert!(closed - asked >= timeout * 3, "closed after {:?}", closed - asked);
 
     assert_eq!(nova.metric("nova_http_connections_closed_idle_total"), 3);
+}
+
+/// `--http-peer-gone-ms` sets how soon a connection's vanished peer is given up: a quiet
+/// connection is probed with TCP keepalive from half of it on. The kernel shows the
+/// server's socket's keepalive timer in /proc/net/tcp (`tr` 2, `tm->when` in clock ticks
+/// of 1/100 s); the default would put it at 60 s.
+#[test]
+fn a_quiet_connection_is_probed_after_half_the_peer_gone_time() {
+    let dir = tempdir();
+    let nova = Nova::start_with(&dir.path().join("data"), &["--http-peer-gone-ms", "30000"], &[]);
+    let client = std::net::TcpStream::connect(&nova.server.authority).expect("connect");
+    let (server_port, client_port) =
+        (client.peer_addr().expect("peer").port(), client.local_addr().expect("local").port());
+    // The server's side of this connection: its (timer, ticks to go) from /proc/net/tcp.
+    let timer = || {
+        let table = std::fs::read_to_string("/proc/net/tcp").expect("read /proc/net/tcp");
+        table.lines().skip(1).find_map(|line| {
+            let fields: Vec<&str> = line.split_whitespace().collect();
+            let port = |address: &str| u16::from_str_radix(address.split(':').nth(1)?, 16).ok();
+            if port(fields[1]) != Some(server_port) || port(fields[2]) != Some(client_port) {
+                return None;
+            }
+            let (timer, when) = fields[5].split_once(':')?;
+            Some((timer.to_owned(), u64::from_str_radix(when, 16).ok()?))
+        })
+    };
+    wait_until("the server's socket has its keepalive timer", || {
+        timer().is_some_and(|(timer, _)| timer == "02")
+    });
+    let (_, ticks) = timer().expect("the server's socket");
+    assert!(ticks <= 1_500, "keepalive in {ticks} ticks of 1/100 s, not within 15 s");
+    assert!(ticks > 1_000, "keepalive in {ticks} ticks: the test took too long to look");
+    drop(client);
 }
 
 /// An answer the client stops taking holds its connection (a permit) and the answer's

@@ -639,6 +639,18 @@ pub const HTTP_IDLE_TIMEOUT_MS: Knob = Knob {
     reason: "without it a client that opens connections and sends nothing, a head one byte at a time, or a subscription it never reads, holds its shard's connection permits (and an answer's buffers) for good; 2 minutes is above any keep-alive pool's idle expiry (60-90 s in common clients), so a pooled connection is closed by its client first",
 };
 
+/// How soon a connection whose peer vanished without a word is found and closed.
+pub const HTTP_PEER_GONE_MS: Knob = Knob {
+    flag: "http-peer-gone-ms",
+    env: "NOVA_HTTP_PEER_GONE_MS",
+    unit: Unit::Milliseconds,
+    default: 120_000,
+    min: 12_000,
+    max: 3_600_000,
+    help: "a connection's peer that stops answering TCP (a host gone, a network cut) is given up this long after: a quiet connection is probed with TCP keepalive from half this on, six probes spread over the other half, and bytes sent that the peer has not acknowledged for this long drop it too (TCP_USER_TIMEOUT); whole seconds are what the kernel takes for the probes",
+    reason: "a request may be answered for as long as its client likes without a byte moving (an append session between batches, a long poll), which --http-idle-timeout-ms counts as busy; without probes such a connection, its permit and its memory would be held for good by a peer that is gone, and retransmissions alone give up only after about 15 minutes; 2 minutes matches the idle timeout",
+};
+
 /// Which requests get a log line: failed ones always, the rest when slower than this.
 pub const HTTP_LOG_SLOW_MS: Knob = Knob {
     flag: "http-log-slow-ms",
@@ -737,6 +749,7 @@ pub const KNOBS: &[Knob] = &[
     HTTP_HEAD_BYTES_MAX,
     HTTP_IDLE_TIMEOUT_MS,
     HTTP_SHUTDOWN_IDLE_MS,
+    HTTP_PEER_GONE_MS,
     HTTP_LOG_SLOW_MS,
     HTTP_LOG_LINES_PER_SECOND,
     LOG_QUEUE_LINES,
