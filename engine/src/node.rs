@@ -667,12 +667,13 @@ async fn run_shard(
     let in_hand = Rc::new(InHand::default());
     while let Ok(message) = inbox.recv_async().await {
         match message {
-            Message::Op { record, op: Op::Read(read), reply } if read.wait.is_some() => {
+            Message::Op { record, op: op @ Op::Read { .. }, reply } if matches!(&op, Op::Read { request, .. } if request.wait.is_some()) =>
+            {
                 let (shard, waiting) = (Rc::clone(&shard), Rc::clone(&waiting));
                 let held = in_hand.take();
                 glommio::spawn_local(async move {
                     if let Ok(permit) = waiting.acquire_static_permit(1).await {
-                        let _ = reply.send(shard.handle(*record, Op::Read(read)).await);
+                        let _ = reply.send(shard.handle(*record, op).await);
                         drop(permit);
                     }
                     drop(held);
@@ -978,7 +979,8 @@ impl Client {
         key: &StreamKey,
         request: ReadRequest,
     ) -> Result<ReadReply> {
-        match self.call(bucket, key, Door::Read, Op::Read(request)).await? {
+        let (op, _asking) = Op::read(request);
+        match self.call(bucket, key, Door::Read, op).await? {
             Reply::Read(page) => Ok(page),
             other => Err(unexpected(&other)),
         }
@@ -994,7 +996,8 @@ impl Client {
         stream: StreamId,
         request: ReadRequest,
     ) -> Result<ReadReply> {
-        match self.call_on(bucket, key, Door::Observe, Some(stream), Op::Read(request)).await? {
+        let (op, _asking) = Op::read(request);
+        match self.call_on(bucket, key, Door::Observe, Some(stream), op).await? {
             Reply::Read(page) => Ok(page),
             other => Err(unexpected(&other)),
         }

@@ -345,7 +345,12 @@ pub enum Op {
         request: AppendRequest,
         sequenced: Option<flume::Sender<()>>,
     },
-    Read(ReadRequest),
+    /// A read; one that may wait stops waiting once `asker` says its caller has gone
+    /// (its sender dropped), so long polls nobody will take hold no handler.
+    Read {
+        request: ReadRequest,
+        asker: Option<flume::Receiver<()>>,
+    },
     Plan(PlanRequest),
     CheckTail,
     Fence {
@@ -355,6 +360,21 @@ pub enum Op {
     Trim(TrimTo),
     Reconfigure(StreamOptionsPatch),
     Delete,
+}
+
+impl Op {
+    /// A read, and for one that may wait the sender its caller holds while it waits for
+    /// the answer: dropped with the caller, it ends the wait.
+    pub(crate) fn read(request: ReadRequest) -> (Op, Option<flume::Sender<()>>) {
+        let (asking, asker) = match request.wait {
+            Some(_) => {
+                let (asking, asker) = flume::bounded(0);
+                (Some(asking), Some(asker))
+            }
+            None => (None, None),
+        };
+        (Op::Read { request, asker }, asking)
+    }
 }
 
 /// What a shard answers: the op's result, or the op itself, unused, when no live
@@ -662,7 +682,9 @@ impl Shard {
             Op::Append { request, sequenced } => {
                 self.append(&slot, request, sequenced).await.map(Reply::Appended)
             }
-            Op::Read(request) => self.read(&slot, request).await.map(Reply::Read),
+            Op::Read { request, asker } => {
+                self.read(&slot, request, asker.as_ref()).await.map(Reply::Read)
+            }
             Op::Plan(request) => self.plan(&slot, request).await.map(Reply::Plan),
             Op::CheckTail => Ok(Reply::Tail(slot.leader.borrow().tail())),
             Op::Fence { token, expected } => {
@@ -1082,8 +1104,16 @@ impl Shard {
         slot.changed.notify();
     }
 
-    async fn read(self: &Rc<Self>, slot: &Rc<Slot>, request: ReadRequest) -> Result<ReadReply> {
+    /// One page; when none of it is readable yet and the request may wait, the page
+    /// once records arrive, the wait is out, or `asker` says its caller has gone.
+    async fn read(
+        self: &Rc<Self>,
+        slot: &Rc<Slot>,
+        request: ReadRequest,
+        asker: Option<&flume::Receiver<()>>,
+    ) -> Result<ReadReply> {
         let deadline = request.wait.map(|wait| Instant::now() + wait);
+        let mut asked = true;
         let mut start = request.start;
         loop {
             let seen = slot.changed.generation();
@@ -1093,12 +1123,13 @@ impl Shard {
             let from = self.locate(slot, start, request.clamp).await?;
             // A wait goes on from where the read stood: a tail offset or a clamped start
             // located again would move up with the tail past the very records waited
-            // for. A start by time is located again: what arrives may be stamped before it.
-            if !matches!(start, ReadStart::Timestamp(_)) {
-                start = ReadStart::SeqNum(from);
-            }
+            // for, and a start by time past the last record's stamp starts at the tail
+            // (decisions.md), as a subscription from it does, so what arrives is read
+            // whatever its stamp.
+            start = ReadStart::SeqNum(from);
             let (reply, loaded) = self.page(slot, from, request.limits).await?;
-            let waited_out = deadline.is_none_or(|d| Instant::now() >= d) || self.closing.get();
+            let waited_out =
+                deadline.is_none_or(|d| Instant::now() >= d) || self.closing.get() || !asked;
             // A read that reached `until` is complete: nothing that arrives can be in it.
             if reply.record_count > 0 || reply.reached_until || waited_out {
                 let class = slot.leader.borrow().options().class;
@@ -1113,8 +1144,21 @@ impl Shard {
             }
             let left =
                 deadline.map_or(Duration::ZERO, |d| d.saturating_duration_since(Instant::now()));
+            // Nothing is ever sent on `asker`: it ends when its sender is dropped.
+            let gone = async {
+                match asker {
+                    Some(asker) => drop(asker.recv_async().await),
+                    None => std::future::pending().await,
+                }
+                false
+            };
+            let arrived = async {
+                futures_lite::future::or(slot.changed.changed(seen), glommio::timer::sleep(left))
+                    .await;
+                true
+            };
             self.count(|s| s.reads_waiting += 1);
-            futures_lite::future::or(slot.changed.changed(seen), glommio::timer::sleep(left)).await;
+            asked = futures_lite::future::or(arrived, gone).await;
             self.count(|s| s.reads_waiting -= 1);
         }
     }

@@ -216,23 +216,56 @@ pub async fn handle(
     callers: Rc<CallerCache>,
     request: Request<Incoming>,
 ) -> Result<Response<Body>, Infallible> {
-    let started = Instant::now();
-    shared.metrics.request_started(shared.shard);
-    let request_id = request_id(&shared, &request);
-    let method = request.method().clone();
-    let path = request.uri().path().to_owned();
+    let mut in_flight = InFlight::begin(&shared, &request);
     let (route, answer) = route(&shared, &callers, request).await;
     let mut response = answer.unwrap_or_else(error_response);
-    if let Ok(value) = HeaderValue::from_str(&request_id) {
+    if let Ok(value) = HeaderValue::from_str(&in_flight.request_id) {
         for name in REQUEST_ID_HEADERS {
             response.headers_mut().insert(name, value.clone());
         }
     }
-    let status = response.status().as_u16();
-    shared.metrics.request(shared.shard, route, status);
-    let took = started.elapsed();
-    if status >= 400 || took >= shared.settings.log_slow {
-        match shared.log_budget.take(started, shared.settings.log_lines_per_second) {
+    in_flight.end(route, response.status().as_u16());
+    Ok(response)
+}
+
+/// The route and status a request is counted and logged with when its client went away
+/// before its answer (hyper drops the request's future): nginx's "client closed request".
+const UNANSWERED: (&str, u16) = ("unanswered", 499);
+
+/// A request from its arrival until it is answered, or dropped unanswered: counted in
+/// `nova_http_requests_in_flight` meanwhile, then in `nova_http_requests_total` and, when
+/// it failed or was slow, the request log, either way.
+struct InFlight<'a> {
+    shared: &'a Shared,
+    started: Instant,
+    request_id: String,
+    method: Method,
+    path: String,
+    ended: bool,
+}
+
+impl<'a> InFlight<'a> {
+    fn begin(shared: &'a Shared, request: &Request<Incoming>) -> Self {
+        shared.metrics.request_started(shared.shard);
+        InFlight {
+            shared,
+            started: Instant::now(),
+            request_id: request_id(shared, request),
+            method: request.method().clone(),
+            path: request.uri().path().to_owned(),
+            ended: false,
+        }
+    }
+
+    fn end(&mut self, route: &'static str, status: u16) {
+        self.ended = true;
+        let shared = self.shared;
+        shared.metrics.request(shared.shard, route, status);
+        let took = self.started.elapsed();
+        if status < 400 && took < shared.settings.log_slow {
+            return;
+        }
+        match shared.log_budget.take(self.started, shared.settings.log_lines_per_second) {
             Some(left_out) => {
                 if left_out > 0 {
                     crate::log_line!(
@@ -241,15 +274,25 @@ pub async fn handle(
                     );
                 }
                 crate::log_line!(
-                    "nova request request_id={request_id} shard={} method={method} path={path:?} route={route} status={status} micros={}",
+                    "nova request request_id={} shard={} method={} path={:?} route={route} status={status} micros={}",
+                    self.request_id,
                     shared.shard,
+                    self.method,
+                    self.path,
                     took.as_micros()
                 );
             }
             None => shared.metrics.log_line_suppressed(shared.shard),
         }
     }
-    Ok(response)
+}
+
+impl Drop for InFlight<'_> {
+    fn drop(&mut self) {
+        if !self.ended {
+            self.end(UNANSWERED.0, UNANSWERED.1);
+        }
+    }
 }
 
 /// A shard's request log lines in the current second, so that a flood of failing

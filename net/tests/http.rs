@@ -2974,6 +2974,90 @@ fn a_connection_without_a_request_is_closed_after_the_idle_timeout() {
     assert_eq!(nova.metric("nova_http_connections_closed_idle_total"), 3);
 }
 
+/// A long poll whose client went away before its answer stops waiting at once: it holds
+/// none of its shard's pool of waiting reads (16 here, the least) from the long polls of clients
+/// still there, and it is counted as unanswered (499), not left in flight for good.
+#[test]
+fn a_long_poll_whose_client_went_away_stops_waiting() {
+    use std::io::{Read as _, Write as _};
+    use std::net::TcpStream;
+
+    let dir = tempdir();
+    let flags = ["--shards", "1", "--shard-handlers-max", "16"];
+    let nova = Nova::start_with(&dir.path().join("data"), &flags, &[]);
+    nova.express_bucket("gone");
+    nova.ok("POST", "/v1/streams/gone/a", None, 201);
+    nova.ok("POST", "/v1/streams/gone/b", None, 201);
+    let long_poll = |key: &str| {
+        let mut stream = TcpStream::connect(&nova.server.authority).expect("connect");
+        let head =
+            format!("GET /v1/streams/gone/{key}/records?wait=30 HTTP/1.1\r\nhost: x\r\n\r\n");
+        stream.write_all(head.as_bytes()).expect("send");
+        stream
+    };
+    let abandoned: Vec<TcpStream> = (0..20).map(|_| long_poll("a")).collect();
+    wait_until("the shard's whole pool of waiting reads is taken", || {
+        nova.metric("nova_shard_reads_waiting") == 16
+    });
+    drop(abandoned);
+    wait_until("every abandoned long poll is counted unanswered", || {
+        nova.metric(r#"nova_http_requests_total{route="unanswered",status="499"}"#) == 20
+    });
+    assert_eq!(nova.metric("nova_shard_reads_waiting"), 0);
+    // The /metrics request asking is the one in flight.
+    assert_eq!(nova.metric("nova_http_requests_in_flight"), 1);
+
+    let asked = Instant::now();
+    let mut waiting = long_poll("b");
+    wait_until("the long poll waits", || nova.metric("nova_shard_reads_waiting") == 1);
+    nova.ok("POST", "/v1/streams/gone/b/records", Some(r#"{"records":[{"body":"here"}]}"#), 200);
+    waiting.set_read_timeout(Some(Duration::from_secs(30))).expect("timeout");
+    let mut answer = vec![0u8; 4096];
+    let n = waiting.read(&mut answer).expect("the long poll's answer");
+    let answer = String::from_utf8_lossy(&answer[..n]);
+    assert!(answer.starts_with("HTTP/1.1 200"), "{answer}");
+    assert!(answer.contains(r#""body":"here""#), "{answer}");
+    assert!(asked.elapsed() < Duration::from_secs(20), "answered after {:?}", asked.elapsed());
+}
+
+/// A long poll by a timestamp past the last record's stamp starts at the tail
+/// (decisions.md), as a subscription from it does: what arrives while it waits is its
+/// answer, whatever its stamp.
+#[test]
+fn a_long_poll_from_a_future_timestamp_answers_with_what_arrives() {
+    let dir = tempdir();
+    let nova = Nova::start(&dir.path().join("data"));
+    nova.express_bucket("future");
+    nova.ok("POST", "/v1/streams/future/s/records", Some(r#"{"records":[{"body":"old"}]}"#), 200);
+    let later = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .expect("after 1970")
+        .as_millis()
+        + 600_000;
+    let asked = Instant::now();
+    let page = std::thread::scope(|scope| {
+        let poll = scope.spawn(|| {
+            nova.ok(
+                "GET",
+                &format!("/v1/streams/future/s/records?timestamp={later}&wait=20"),
+                None,
+                200,
+            )
+        });
+        wait_until("the long poll waits", || nova.metric("nova_shard_reads_waiting") >= 1);
+        nova.ok(
+            "POST",
+            "/v1/streams/future/s/records",
+            Some(r#"{"records":[{"body":"new"}]}"#),
+            200,
+        );
+        poll.join().expect("the long poll")
+    });
+    assert_eq!(page["records"][0]["body"], "new", "{page}");
+    assert_eq!(page["records"][0]["seq_num"], 1, "{page}");
+    assert!(asked.elapsed() < Duration::from_secs(15), "answered after {:?}", asked.elapsed());
+}
+
 /// `--http-peer-gone-ms` sets how soon a connection's vanished peer is given up: a quiet
 /// connection is probed with TCP keepalive from half of it on. The kernel shows the
 /// server's socket's keepalive timer in /proc/net/tcp (`tr` 2, `tm->when` in clock ticks
