@@ -12,6 +12,7 @@ use std::time::{Duration, Instant};
 use bytes::Bytes;
 use engine::auth::{Access, Target};
 use engine::framing::{self, FramedBody};
+use engine::ids::StreamId;
 use engine::limits::{
     LIST_PAGE_MAX, READ_PAGE_BYTES_MAX_BINARY, READ_PAGE_BYTES_MAX_JSON,
     READ_PAGE_RECORDS_MAX_BINARY, READ_PAGE_RECORDS_MAX_JSON, READ_WAIT_SECONDS_MAX,
@@ -1145,11 +1146,23 @@ pub struct ReadParams {
     pub bytes: Option<u64>,
     pub until: Option<u64>,
     pub wait: Option<Duration>,
+    /// `stream_id`: read this stream only; NotFound once its address names another (it
+    /// was deleted and a stream created there anew) or none.
+    pub stream: Option<StreamId>,
 }
 
 /// The query parameters of a read or a subscription.
-pub const READ_PARAMS: [&str; 8] =
-    ["seq_num", "timestamp", "tail_offset", "count", "bytes", "until", "clamp", "wait"];
+pub const READ_PARAMS: [&str; 9] = [
+    "seq_num",
+    "timestamp",
+    "tail_offset",
+    "count",
+    "bytes",
+    "until",
+    "clamp",
+    "wait",
+    "stream_id",
+];
 /// A ReadPlan's: a read's but `wait` (a plan never waits).
 const PLAN_PARAMS: [&str; 7] =
     ["seq_num", "timestamp", "tail_offset", "count", "bytes", "until", "clamp"];
@@ -1201,7 +1214,18 @@ pub fn read_params(request: &Request<Incoming>, accepted: &[&str]) -> Result<Rea
         bytes: bound("bytes")?,
         until: timestamp_param(&pairs, "until")?,
         wait,
+        stream: stream_param(&pairs)?,
     })
+}
+
+fn stream_param(pairs: &[(String, String)]) -> Result<Option<StreamId>, ApiError> {
+    let Some(text) = param(pairs, "stream_id") else { return Ok(None) };
+    let id = StreamId::from_hex(text).ok_or_else(|| {
+        ApiError::invalid(format!(
+            "query parameter stream_id must be a stream's id (32 hex digits), not {text:?}"
+        ))
+    })?;
+    Ok(Some(id))
 }
 
 /// A page's limits: the caller's bounds folded with the format's page caps.
@@ -1223,15 +1247,28 @@ pub fn page_limits(
     }
 }
 
-/// One page, waiting up to `wait` for records when none are readable. A stopping node
-/// answers a waiting read at once, so a long poll never holds up a graceful stop.
+/// One page, waiting up to `wait` for records when none are readable (a stopping node
+/// answers a waiting read at once, so a long poll never holds up a graceful stop); of
+/// the stream `only` when given, which is never created.
 pub async fn read_page(
     shared: &Shared,
     bucket: &BucketName,
     key: &StreamKey,
+    only: Option<StreamId>,
     request: ReadRequest,
 ) -> engine::Result<ReadReply> {
-    shared.client.read(bucket, key, request).await
+    match only {
+        Some(stream) => shared.client.read_existing(bucket, key, stream, request).await,
+        None => shared.client.read(bucket, key, request).await,
+    }
+}
+
+/// The response header that names the stream a read or subscription reads: its
+/// `stream_id` to stay on it (a resumed subscription, never its address's successor).
+pub const STREAM_ID_HEADER: &str = "nova-stream-id";
+
+pub fn stream_id_header(stream: StreamId) -> HeaderValue {
+    HeaderValue::from_str(&stream.to_string()).expect("hex digits are a valid header value")
 }
 
 async fn read(
@@ -1251,8 +1288,8 @@ async fn read(
     let mut read =
         ReadRequest { start: params.start, clamp: params.clamp, limits, wait: params.wait };
     let mut cuts = 0;
-    let (body, media, hold) = loop {
-        let reply = read_page(shared, bucket, key, read).await?;
+    let (body, media, hold, stream) = loop {
+        let reply = read_page(shared, bucket, key, params.stream, read).await?;
         // A long poll may have waited a minute: its token is checked again before
         // records read since go out.
         if let (Some(_), Some(auth)) = (params.wait, &shared.auth) {
@@ -1276,10 +1313,10 @@ async fn read(
         let bytes = body.len() as u64;
         if records == 0 {
             // A page of no records is a few dozen bytes: nothing to hold.
-            break (body, media, None);
+            break (body, media, None, reply.stream);
         }
         if let Some(hold) = shared.responses.try_hold(bytes) {
-            break (body, media, Some(hold));
+            break (body, media, Some(hold), reply.stream);
         }
         // Encoded, the page is larger than what is free (its cut counted content, or
         // others took the room while it was read): read again from where it began, cut
@@ -1306,6 +1343,7 @@ async fn read(
         None => Body::full(body),
     });
     response.headers_mut().insert(header::CONTENT_TYPE, HeaderValue::from_static(media));
+    response.headers_mut().insert(STREAM_ID_HEADER, stream_id_header(stream));
     Ok(response)
 }
 

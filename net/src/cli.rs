@@ -1711,6 +1711,8 @@ fn follow(session: &Session, address: &Address, mut options: ReadOptions) -> Out
     let count = options.count;
     let mut delivered = 0u64;
     let mut subscription = session.client.subscribe(address, &options, false).map_err(failed)?;
+    // Resumed on the stream followed, never on one created at its address since.
+    options.stream_id = options.stream_id.or(subscription.stream_id());
     // Since when the subscription has been cut with no event since, and the next wait.
     let mut cut: Option<(Instant, Duration)> = None;
     loop {

@@ -155,13 +155,14 @@ pub async fn subscribe(
     // a shard without room for it) is an ordinary HTTP error.
     let mut request = left.request(wire, start, params.clamp, None);
     request.limits.bytes = shared.responses.page_bytes(request.limits.bytes)?;
-    let first = shared.client.read(bucket, key, request).await?;
+    let first = api::read_page(shared, bucket, key, params.stream, request).await?;
+    let stream = first.stream;
     let (events, receiver) = flume::bounded(EVENTS_QUEUED_MAX);
     let subscription = Subscription {
         shared: Rc::clone(shared),
         bucket: bucket.clone(),
         key: key.clone(),
-        stream: first.stream,
+        stream,
         caller: caller.clone(),
         wire,
         left,
@@ -173,6 +174,7 @@ pub async fn subscribe(
     let media = if binary { api::RECORDS_MEDIA_TYPE } else { "text/event-stream" };
     headers.insert(header::CONTENT_TYPE, HeaderValue::from_static(media));
     headers.insert(header::CACHE_CONTROL, HeaderValue::from_static("no-cache"));
+    headers.insert(api::STREAM_ID_HEADER, api::stream_id_header(stream));
     Ok(response)
 }
 

@@ -737,6 +737,43 @@ fn follow_resumes_across_a_server_restart() {
     }
 }
 
+/// `read --follow` resumes on the stream it followed, never on one created at its
+/// address while it was cut (buckets.md: "nothing of the old one is visible through the
+/// new address"): it ends with the server's not_found instead of printing the new
+/// stream's records from the old one's position.
+#[test]
+fn follow_never_resumes_on_a_stream_created_anew_at_its_address() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let data = dir.path().join("data");
+    let nova = Nova::start_with(&data, &[], &[]);
+    ok(&nova, &["bucket", "create", "pin", "--create-on-append"], None);
+    ok(&nova, &["append", "nova://pin/s"], Some("old0\nold1\nold2\n"));
+    let (mut follower, mut lines) = follow(&nova, "nova://pin/s", &[]);
+    for expected in ["old0", "old1", "old2"] {
+        assert_eq!(lines.next().expect("a line").expect("read"), expected);
+    }
+    let address = nova.server.authority.clone();
+    assert!(nova.terminate().success());
+    // Deleted and created anew while the follower cannot reach the server.
+    let elsewhere = Nova::start_with(&data, &[], &[]);
+    ok(&elsewhere, &["stream", "delete", "nova://pin/s"], None);
+    ok(&elsewhere, &["append", "nova://pin/s"], Some("new0\nnew1\nnew2\nnew3\nnew4\n"));
+    assert!(elsewhere.terminate().success());
+    let nova = Nova::start_with(&data, &["--listen", &address], &[]);
+    let printed = lines.next().map(|line| line.expect("read"));
+    if printed.is_some() {
+        follower.kill().expect("stop the follower");
+    }
+    assert_eq!(printed, None, "printed from the new stream");
+    assert_eq!(follower.wait().expect("the follower ends").code(), Some(1));
+    let mut stderr = String::new();
+    std::io::Read::read_to_string(&mut follower.stderr.take().expect("stderr"), &mut stderr)
+        .expect("stderr");
+    assert!(stderr.contains("not_found"), "{stderr}");
+    // The new stream is there, for a new follower.
+    assert_eq!(ok(&nova, &["read", "nova://pin/s", "--count", "1"], None), "new0\n");
+}
+
 /// A refused batch ends `append`, and the failure says exactly which input lines were
 /// appended: those before it, and any pipelined after it that landed anyway.
 #[test]

@@ -3058,6 +3058,51 @@ fn a_long_poll_from_a_future_timestamp_answers_with_what_arrives() {
     assert!(asked.elapsed() < Duration::from_secs(15), "answered after {:?}", asked.elapsed());
 }
 
+/// Every read and subscription names the stream it reads (`Nova-Stream-Id`), and
+/// `stream_id` keeps one on that stream: once its address names a stream created anew,
+/// a read, a long poll or a subscription given the old one's id is not_found, never a
+/// page of the new one from the old one's position (how `read --follow` resumes).
+#[test]
+fn stream_id_keeps_reads_and_subscriptions_on_one_stream() {
+    let dir = tempdir();
+    let nova = Nova::start(&dir.path().join("data"));
+    nova.express_bucket("pin");
+    let records = "/v1/streams/pin/s/records";
+    nova.ok("POST", records, Some(r#"{"records":[{"body":"old"}]}"#), 200);
+    let old = nova.ok("GET", "/v1/streams/pin/s", None, 200)["id"].as_str().expect("id").to_owned();
+    let subscribe = |path: &str, accept: &str| {
+        nova.call_with("GET", &format!("{path}?count=1"), &[("accept", accept)], None)
+    };
+    let answers = [
+        nova.call("GET", records, None),
+        subscribe(records, "text/event-stream"),
+        subscribe(records, client::SUBSCRIBE_MEDIA_TYPE),
+    ];
+    for answer in &answers {
+        assert_eq!(answer.status, 200, "{}", answer.text());
+        assert_eq!(answer.header("nova-stream-id"), Some(old.as_str()));
+    }
+    let pinned = format!("{records}?stream_id={old}");
+    assert_eq!(bodies(&nova.ok("GET", &pinned, None, 200)), ["old"]);
+
+    nova.ok("DELETE", "/v1/streams/pin/s", None, 204);
+    nova.ok("POST", records, Some(r#"{"records":[{"body":"new0"},{"body":"new1"}]}"#), 200);
+    nova.err("GET", &pinned, None, 404, "not_found");
+    nova.err("GET", &format!("{pinned}&seq_num=1&wait=5"), None, 404, "not_found");
+    for accept in ["text/event-stream", client::SUBSCRIBE_MEDIA_TYPE] {
+        let refused =
+            nova.call_with("GET", &format!("{pinned}&seq_num=1"), &[("accept", accept)], None);
+        assert_eq!(refused.status, 404, "{accept}: {}", refused.text());
+        assert_eq!(refused.json()["code"], "not_found");
+    }
+    let new = nova.call("GET", records, None);
+    assert_eq!(bodies(&new.json()), ["new0", "new1"]);
+    assert_ne!(new.header("nova-stream-id"), Some(old.as_str()));
+    let refused =
+        nova.err("GET", &format!("{records}?stream_id=ab"), None, 400, "invalid_argument");
+    assert!(refused["message"].as_str().expect("message").contains("stream_id"), "{refused}");
+}
+
 /// `--http-peer-gone-ms` sets how soon a connection's vanished peer is given up: a quiet
 /// connection is probed with TCP keepalive from half of it on. The kernel shows the
 /// server's socket's keepalive timer in /proc/net/tcp (`tr` 2, `tm->when` in clock ticks

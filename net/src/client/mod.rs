@@ -38,6 +38,7 @@ use std::time::Duration;
 use base64::Engine as _;
 use base64::engine::general_purpose::STANDARD as BASE64;
 use engine::framing::{self, AppendBuilder, AppendConditions, Frame};
+pub use engine::ids::StreamId;
 use engine::limits::FENCING_TOKEN_BYTES_MAX;
 use engine::options::{OptionScope, ProducerPolicy, StorageClass, TimestampingMode};
 use serde_json::{Map, Value, json};
@@ -601,6 +602,10 @@ pub struct ReadOptions {
     pub clamp: bool,
     /// Long poll: wait up to this many seconds for records when none are readable.
     pub wait_seconds: Option<u64>,
+    /// Read this stream only (`stream_id`): not_found once its address names another (it
+    /// was deleted and created anew) or none. A resumed subscription stays on the stream
+    /// it followed with [`Subscription::stream_id`].
+    pub stream_id: Option<StreamId>,
 }
 
 impl ReadOptions {
@@ -626,6 +631,9 @@ impl ReadOptions {
         }
         if self.clamp {
             query.push_str("&clamp=true");
+        }
+        if let Some(stream) = self.stream_id {
+            query.push_str(&format!("&stream_id={stream}"));
         }
         query
     }

@@ -7,6 +7,7 @@ use std::io::{self, BufRead};
 use std::time::Duration;
 
 use engine::framing::{self, Frame};
+use engine::ids::StreamId;
 use serde_json::Value;
 
 use super::http::{self, Server, Streaming};
@@ -38,6 +39,8 @@ pub struct Subscription {
     done: bool,
     /// The seq_num after the last record delivered: where to resume.
     next_seq_num: Option<u64>,
+    /// The stream followed, as the server named it.
+    stream_id: Option<StreamId>,
 }
 
 impl Subscription {
@@ -71,7 +74,9 @@ impl Subscription {
                 .map_err(|error| Error::Io { what: format!("subscribe to {address}"), error })?;
             return Err(Error::from_response(&response));
         }
+        let stream_id = stream.header(crate::api::STREAM_ID_HEADER).and_then(StreamId::from_hex);
         Ok(Self {
+            stream_id,
             stream,
             sse,
             frame: Vec::new(),
@@ -90,6 +95,12 @@ impl Subscription {
     /// [`super::Client::resume`] from one before it).
     pub fn next_seq_num(&self) -> Option<u64> {
         self.next_seq_num
+    }
+
+    /// The stream followed: resume with it as [`ReadOptions::stream_id`] to stay on it,
+    /// never on a stream created at its address since.
+    pub fn stream_id(&self) -> Option<StreamId> {
+        self.stream_id
     }
 
     fn next_binary(&mut self) -> Result<Option<SubscriptionEvent>> {
