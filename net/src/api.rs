@@ -735,7 +735,9 @@ impl std::fmt::Display for Whole {
         match self {
             Whole::Position => write!(f, "a whole number from 0 to {}", u64::MAX),
             Whole::ListLimit => write!(f, "a whole number from 1 to {LIST_PAGE_MAX}"),
-            Whole::Bound => write!(f, "a whole number from 1 (omit it: no bound)"),
+            Whole::Bound => {
+                write!(f, "a whole number from 1 to {} (omit it: no bound)", u64::MAX)
+            }
         }
     }
 }

@@ -243,6 +243,19 @@ impl Subscription {
         }
     }
 
+    /// When the node stops (not the subscriber gone), says so with an `unavailable`
+    /// error, so a subscriber tells a stop from a cut connection and resumes elsewhere
+    /// or later from the last record it has, as it would from a cut.
+    async fn stopped(&self) {
+        if self.shared.stopping.is_set() && !self.events.is_disconnected() {
+            let error = ApiError::from_code(
+                engine::Code::Unavailable,
+                "the server is stopping: resume after the last record delivered",
+            );
+            self.send(self.error(&error)).await;
+        }
+    }
+
     fn error(&self, error: &ApiError) -> Bytes {
         match self.wire {
             Wire::Sse(_) => event("error", None, &error.to_json()),
@@ -372,6 +385,7 @@ impl Subscription {
                 last_event = Instant::now();
             }
             if !self.room_for(room, tail, &mut last_event).await {
+                self.stopped().await;
                 return;
             }
             // A stopping node answers a waiting read at once, so this wait never holds

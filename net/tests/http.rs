@@ -1452,6 +1452,40 @@ fn a_body_sent_a_byte_at_a_time_holds_about_its_size() {
     assert!(grew < 12 << 20, "the server grew {grew} bytes for {all} body bytes");
 }
 
+/// A node that stops ends its subscriptions with an `unavailable` error (an SSE `error`
+/// event, a binary error frame), so a subscriber tells a stop from a cut connection, and
+/// resumes as from a cut; the stop does not wait for them.
+#[test]
+fn sigterm_ends_subscriptions_with_unavailable() {
+    use std::io::{Read as _, Write as _};
+    let dir = tempdir();
+    let nova = Nova::start(&dir.path().join("data"));
+    nova.express_bucket("stop");
+    nova.ok("POST", "/v1/streams/stop/s/records", Some(r#"{"records":[{"body":"one"}]}"#), 200);
+    let subscribers: Vec<std::net::TcpStream> = ["text/event-stream", client::SUBSCRIBE_MEDIA_TYPE]
+        .iter()
+        .map(|accept| {
+            let mut stream = std::net::TcpStream::connect(&nova.server.authority).expect("connect");
+            let head = format!(
+                "GET /v1/streams/stop/s/records HTTP/1.1\r\nhost: nova\r\naccept: {accept}\r\n\r\n"
+            );
+            stream.write_all(head.as_bytes()).expect("subscribe");
+            stream
+        })
+        .collect();
+    wait_until("both subscriptions wait at the tail", || {
+        nova.metric("nova_shard_reads_waiting") == 2
+    });
+    assert!(nova.terminate().success(), "the subscriptions did not hold the stop");
+    for mut subscriber in subscribers {
+        let mut answer = Vec::new();
+        subscriber.read_to_end(&mut answer).expect("the answer, to its end");
+        let text = String::from_utf8_lossy(&answer);
+        assert!(text.contains("one"), "{text}");
+        assert!(text.contains(r#""code":"unavailable""#), "{text}");
+    }
+}
+
 /// A node that stops ends its open append sessions: after the acks of what they had
 /// sequenced, an `unavailable` error frame says nothing more was taken, so the node exits
 /// 0 without waiting on a producer that sends nothing; what was acknowledged survives.
@@ -1977,6 +2011,8 @@ fn malformed_names_and_parameters_are_refused_by_name() {
     assert!(said.contains("from 1 to 1000"), "{said}");
     let said = message("GET", "/v1/streams/mal/a%25zz/records?seq_num=0&count=-1");
     assert!(said.contains("query parameter count") && said.contains("from 1"), "{said}");
+    let said = message("GET", "/v1/streams/mal/a/records?count=99999999999999999999");
+    assert!(said.contains(&format!("from 1 to {}", u64::MAX)), "{said}");
     let said = message("GET", "/v1/streams/mal/a%25zz/records?seq_num=0&clamp=yes");
     assert!(said.contains("true or false (or 1, 0"), "{said}");
     let twice = [("accept", "text/event-stream"), ("last-event-id", "2"), ("last-event-id", "5")];
