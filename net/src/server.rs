@@ -215,28 +215,32 @@ async fn connection(shared: Rc<Shared>, stream: TcpStream, permit: StaticPermit)
             Ok::<_, Infallible>(response.map(|body| Answer { body, _answering: answering }))
         }
     });
-    let mut connection = pin!(http1::Builder::new().keep_alive(true).serve_connection(io, service));
-    let stopping = shared.stopping.clone();
-    let mut stop = pin!(stopping.wait());
-    let mut shutting_down = false;
-    let mut watchdog = Watchdog::new(shared.settings.idle_timeout);
-    // Err: closed by the watchdog, and why.
-    let result = std::future::poll_fn(|cx| {
-        if !shutting_down && stop.as_mut().poll(cx).is_ready() {
-            shutting_down = true;
-            connection.as_mut().graceful_shutdown();
-            // hyper closes a connection between requests now, but one that never sent a
-            // request, or whose client stopped reading, is the watchdog's, sooner.
-            watchdog.shorten(shared.settings.shutdown_idle);
-        }
-        if let Poll::Ready(result) = connection.as_mut().poll(cx) {
-            return Poll::Ready(Ok(result));
-        }
-        watchdog.poll_idle(&activity, cx).map(|()| {
-            Err(if activity.progress.write_waiting() { Closed::Stalled } else { Closed::Idle })
+    // Err: closed by the watchdog, and why. The connection (its socket) is closed at the
+    // end of this block, before it is counted: whoever sees the count sees the close.
+    let result = {
+        let mut connection =
+            pin!(http1::Builder::new().keep_alive(true).serve_connection(io, service));
+        let stopping = shared.stopping.clone();
+        let mut stop = pin!(stopping.wait());
+        let mut shutting_down = false;
+        let mut watchdog = Watchdog::new(shared.settings.idle_timeout);
+        std::future::poll_fn(|cx| {
+            if !shutting_down && stop.as_mut().poll(cx).is_ready() {
+                shutting_down = true;
+                connection.as_mut().graceful_shutdown();
+                // hyper closes a connection between requests now, but one that never sent a
+                // request, or whose client stopped reading, is the watchdog's, sooner.
+                watchdog.shorten(shared.settings.shutdown_idle);
+            }
+            if let Poll::Ready(result) = connection.as_mut().poll(cx) {
+                return Poll::Ready(Ok(result));
+            }
+            watchdog.poll_idle(&activity, cx).map(|()| {
+                Err(if activity.progress.write_waiting() { Closed::Stalled } else { Closed::Idle })
+            })
         })
-    })
-    .await;
+        .await
+    };
     if let Ok(Err(error)) = &result
         && !error.is_incomplete_message()
     {
