@@ -281,7 +281,8 @@ impl ServiceStop {
 
 /// Work that runs on every shard's executor beside the shard (the HTTP acceptor: one
 /// listener per shard on the same port, so accepting is shared-nothing). Called once
-/// per shard, on that shard's thread, once it has recovered.
+/// per shard, on that shard's thread, once it has recovered (on a first start, once
+/// every shard has).
 pub type Service = Arc<
     dyn Fn(ServiceContext) -> std::pin::Pin<Box<dyn std::future::Future<Output = ()>>>
         + Send
@@ -313,12 +314,31 @@ pub struct Client {
     /// Set once every shard has recovered: a shard serves as soon as it has, so a
     /// caller may reach the node while another shard still replays its journal.
     recovered: Arc<AtomicBool>,
+    /// The first shard failure (a journal, upload or metadata write that failed): that
+    /// shard acknowledges nothing more until a restart.
+    failed: Failed,
     /// The shards' limits, and the journal's largest entry, which an append meets before
     /// its address is resolved.
     limits: crate::limits::Limits,
     entry_max: u64,
     /// A shard's memory budget, which no batch may pass.
     memory_budget: u64,
+}
+
+/// The node's first shard failure, shared by its shards ([`Client::failed`]).
+#[derive(Clone, Debug, Default)]
+pub(crate) struct Failed(Arc<std::sync::Mutex<Option<String>>>);
+
+impl Failed {
+    pub(crate) fn record(&self, why: &str) {
+        if let Ok(mut first) = self.0.lock() {
+            first.get_or_insert_with(|| why.to_owned());
+        }
+    }
+
+    fn first(&self) -> Option<String> {
+        self.0.lock().ok().and_then(|first| first.clone())
+    }
 }
 
 /// Addresses the resolve cache holds before it starts over.
@@ -362,8 +382,8 @@ impl Node {
             );
         }
         let lock = lock_data_dir(&config.data_dir)?;
-        let first_start = check_manifest(&config)?;
-        if !first_start && !config.accept_journal_loss {
+        let ran_before = check_manifest(&config)?;
+        if ran_before && !config.accept_journal_loss {
             check_journals_are_there(&config)?;
         }
         let store = config.objects.open(config.local_store.clone())?;
@@ -378,6 +398,18 @@ impl Node {
         let control =
             ControlPlane::with_seams(meta, Arc::clone(&clock), Arc::new(crate::control::OsRandom));
         let (ready_tx, ready_rx) = flume::bounded(config.shards);
+        // One go per shard for its service. A directory that has run before serves as each
+        // shard recovers (`/health` answers 503 until all have); a first start, only once
+        // it is recorded as started (below), so that one that fails acknowledged nothing.
+        let (serve_tx, serve_rx) = flume::bounded(config.shards);
+        let serve_all = || {
+            for _ in 0..config.shards {
+                let _ = serve_tx.send(());
+            }
+        };
+        if ran_before {
+            serve_all();
+        }
         let mut senders = Vec::with_capacity(config.shards);
         let mut receivers = Vec::with_capacity(config.shards);
         for _ in 0..config.shards {
@@ -392,6 +424,7 @@ impl Node {
             uploader: uploader.clone(),
             auditor: Arc::default(),
             recovered: Arc::default(),
+            failed: Failed::default(),
             limits: config.shard.limits,
             entry_max: config.journal.segment_bytes,
             memory_budget: config.shard.memory_budget_bytes,
@@ -408,6 +441,7 @@ impl Node {
                 uploader: uploader.clone(),
             };
             let (ready, service) = (ready_tx.clone(), service.clone());
+            let service = service.map(|service| (service, serve_rx.clone()));
             let thread = LocalExecutorBuilder::new(placement)
                 .name(&format!("nova-shard-{index}"))
                 .spawn(move || run_shard(start, rx, ready, service))
@@ -442,6 +476,16 @@ impl Node {
                     return Err(Error::internal("a shard stopped before it was ready"));
                 }
             }
+        }
+        // Only now, with every shard's journal made: a first start that failed or died
+        // before it acknowledged nothing, and must not leave a directory that looks as if
+        // it had run, whose missing journals would then refuse every later start.
+        if !ran_before && let Err(error) = write_manifest(&config) {
+            node.stop();
+            return Err(error);
+        }
+        if !ran_before {
+            serve_all();
         }
         node.client.recovered.store(true, Ordering::Release);
         Ok(node)
@@ -536,26 +580,17 @@ fn lock_data_dir(dir: &Path) -> Result<std::fs::File> {
     }
 }
 
-/// Checks the data directory's manifest against the layout `config` asks for, or writes
-/// it on a first start: the shard count (the journals are per shard) and where the
-/// journals are. A manifest from before `--journal-dir` has no journal line; its
-/// journals are in the data directory. Whether this start wrote it, being the first.
+/// Checks the data directory's manifest against the layout `config` asks for: the shard
+/// count (the journals are per shard) and where the journals are. A manifest from before
+/// `--journal-dir` has no journal line; its journals are in the data directory. Whether
+/// there was one: the directory has run before (a first start writes it once its shards
+/// are ready, [`write_manifest`]).
 fn check_manifest(config: &NodeConfig) -> Result<bool> {
     let (dir, shards, journals) = (&config.data_dir, config.shards, config.journal_dir());
     let path = dir.join(MANIFEST);
     let found = match std::fs::read_to_string(&path) {
         Ok(found) => found,
-        Err(e) if e.kind() == std::io::ErrorKind::NotFound => {
-            let manifest =
-                format!("{MANIFEST_FORMAT}\nshards {shards}\njournal {}\n", journals.display());
-            let temporary = dir.join(format!("{MANIFEST}.tmp"));
-            return std::fs::write(&temporary, &manifest)
-                .and_then(|()| std::fs::File::open(&temporary)?.sync_all())
-                .and_then(|()| std::fs::rename(&temporary, &path))
-                .and_then(|()| std::fs::File::open(dir)?.sync_all())
-                .map(|()| true)
-                .map_err(|e| io_error("write the manifest", &e));
-        }
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => return Ok(false),
         Err(e) => return Err(io_error("read the manifest", &e)),
     };
     let mut lines = found.lines();
@@ -593,7 +628,20 @@ fn check_manifest(config: &NodeConfig) -> Result<bool> {
             ),
         );
     }
-    Ok(false)
+    Ok(true)
+}
+
+/// Writes the manifest of [`check_manifest`], durably (renamed into place, its directory
+/// synced).
+fn write_manifest(config: &NodeConfig) -> Result<()> {
+    let (dir, shards, journals) = (&config.data_dir, config.shards, config.journal_dir());
+    let manifest = format!("{MANIFEST_FORMAT}\nshards {shards}\njournal {}\n", journals.display());
+    let temporary = dir.join(format!("{MANIFEST}.tmp"));
+    std::fs::write(&temporary, &manifest)
+        .and_then(|()| std::fs::File::open(&temporary)?.sync_all())
+        .and_then(|()| std::fs::rename(&temporary, dir.join(MANIFEST)))
+        .and_then(|()| std::fs::File::open(dir)?.sync_all())
+        .map_err(|e| io_error("write the manifest", &e))
 }
 
 /// One shard's executor: recover the journal, then serve until told to stop.
@@ -610,7 +658,7 @@ async fn run_shard(
     start: ShardStart,
     inbox: flume::Receiver<Message>,
     ready: flume::Sender<Result<()>>,
-    service: Option<Service>,
+    service: Option<(Service, flume::Receiver<()>)>,
 ) {
     let ShardStart { index, config, client, clock, uploader } = start;
     let control = client.control.clone();
@@ -628,7 +676,8 @@ async fn run_shard(
         refs_wait_max: config.shard.refs_wait_max.min(config.auditor.interval),
         ..config.shard.clone()
     };
-    let shard = Shard::new(index, shard_config, control, clock, journal, uploader);
+    let failed = client.failed.clone();
+    let shard = Shard::new(index, shard_config, control, clock, journal, uploader, failed);
     glommio::spawn_local(Rc::clone(&shard).feeder()).detach();
     glommio::spawn_local(Rc::clone(&shard).completer()).detach();
     glommio::spawn_local(Rc::clone(&shard).settler()).detach();
@@ -650,9 +699,22 @@ async fn run_shard(
     let flusher = glommio::spawn_local(Rc::clone(&shard).flusher());
     let _ = ready.send(Ok(()));
     let stopping = ServiceStop(Rc::default(), Rc::default());
-    let mut service = service.map(|service| {
+    // Served once the node says go (`Node::start_with`): on a first start, once every
+    // shard is ready and the node is recorded as started (its manifest), so that one
+    // that fails acknowledged nothing a later start must find.
+    let mut service = service.map(|(service, serve)| {
         let context = ServiceContext { shard: index, client, stopping: stopping.clone() };
-        glommio::spawn_local(service(context)).detach()
+        glommio::spawn_local(async move {
+            let go = async { serve.recv_async().await.is_ok() };
+            let stop = async {
+                context.stopping.wait().await;
+                false
+            };
+            if futures_lite::future::or(go, stop).await {
+                service(context).await;
+            }
+        })
+        .detach()
     });
 
     let permits = Rc::new(glommio::sync::Semaphore::new(config.handlers_max));
@@ -776,6 +838,11 @@ impl Client {
     /// Whether every shard has recovered (the node's start is complete).
     pub fn recovered(&self) -> bool {
         self.recovered.load(Ordering::Acquire)
+    }
+
+    /// Why a shard stopped acknowledging until a restart, if one has (the first).
+    pub fn failed(&self) -> Option<String> {
+        self.failed.first()
     }
 
     /// The control plane, for buckets and the stream verbs that need no leader.

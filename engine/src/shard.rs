@@ -538,6 +538,8 @@ pub(crate) struct Shard {
     /// Set when the journal, an upload or the metadata failed: nothing more is
     /// acknowledged until a restart, whose recovery decides from what is durable.
     failed: RefCell<Option<String>>,
+    /// The node's record of it, for `/health`.
+    node_failed: crate::node::Failed,
     /// Set when the shard stops: the flusher returns once nothing is left to flush.
     stopping: Cell<bool>,
     /// Set when the node starts stopping: waiting reads answer with what they have.
@@ -555,6 +557,7 @@ impl Shard {
         clock: Arc<dyn Clock>,
         journal: Journal,
         uploader: Uploader,
+        node_failed: crate::node::Failed,
     ) -> Rc<Self> {
         let permits = config.uploads_in_flight_max as u64;
         Rc::new(Self {
@@ -581,6 +584,7 @@ impl Shard {
             upload_permits: Rc::new(glommio::sync::Semaphore::new(permits)),
             unapplied: Cell::new(0),
             failed: RefCell::default(),
+            node_failed,
             stopping: Cell::new(false),
             closing: Cell::new(false),
             stats: RefCell::default(),
@@ -636,6 +640,7 @@ impl Shard {
     /// Stops acknowledging on this shard until a restart: something durable failed, and
     /// sequence numbers were taken by batches whose fate only recovery can decide.
     fn fail(&self, why: String) {
+        self.node_failed.record(&format!("shard {} ({why})", self.index));
         self.failed.borrow_mut().get_or_insert(why);
         for slot in self.streams.borrow().values() {
             slot.changed.notify();

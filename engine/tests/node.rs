@@ -140,6 +140,32 @@ fn a_missing_journal_is_refused_unless_its_loss_is_accepted() {
     node.stop();
 }
 
+/// A first start that fails before it is ready (here its object store cannot be opened;
+/// a start killed partway is the same) acknowledged nothing, and leaves no sign of
+/// having run: the next start is not refused for journals it never made.
+#[test]
+fn a_first_start_that_failed_leaves_a_directory_the_next_start_takes() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let data = dir.path().join("data");
+    let not_a_directory = dir.path().join("objects-file");
+    std::fs::write(&not_a_directory, b"a file where the objects should go").expect("a file");
+    let mut failing = config(&data, 2);
+    failing.objects = engine::node::ObjectStoreConfig::Local(not_a_directory);
+    let refused = engine::node::Node::start(failing).err().expect("refused").to_string();
+    assert!(refused.contains("objects-file"), "{refused}");
+
+    let node = start(config(&data, 2));
+    let client = node.client();
+    let bucket = make_bucket(&client, "after", express(), true);
+    block_on(client.append(&bucket, &key("k"), plain(&["a"]))).expect("append");
+    drop(client);
+    node.stop();
+    // Having run now, its journals are required again.
+    std::fs::remove_dir_all(data.join("journal")).expect("lose the journals");
+    let refused = engine::node::Node::start(config(&data, 2)).err().expect("refused").to_string();
+    assert!(refused.contains("missing or empty"), "{refused}");
+}
+
 /// After a restart nothing is in memory: a read loads the chunks it needs, up to
 /// `read-page-loads-max` for one page, instead of answering one chunk per page.
 #[test]

@@ -461,6 +461,14 @@ async fn route(
                         "recovering: a shard is still replaying its journal; retry shortly",
                     ))
                 }
+                // A shard whose journal, an upload or the metadata failed acknowledges
+                // nothing until a restart: a supervisor watching this restarts it.
+                Method::GET | Method::HEAD if let Some(why) = shared.client.failed() => {
+                    Err(ApiError::from_code(
+                        engine::Code::Unavailable,
+                        format!("{why} acknowledges nothing more until nova is restarted"),
+                    ))
+                }
                 Method::GET | Method::HEAD => ok(&json!({"status": "serving"})),
                 _ => not_allowed("GET"),
             },

@@ -37,6 +37,31 @@ pub const HTTP_KNOBS: [Knob; 15] = [
     tuning::TOKENS_MAX,
 ];
 
+/// The address to listen on, once a plain bind of it has worked (its port chosen, for
+/// port 0). A port in use is tried again for [`PORT_TAKEN_WAIT`]: a nova killed just
+/// before keeps its listener for some milliseconds after its exit (the kernel tears its
+/// io_uring down), and a supervisor restarting it at once must not fail for that.
+fn probe_port(listen: SocketAddr) -> Result<SocketAddr, String> {
+    let given_up = std::time::Instant::now() + PORT_TAKEN_WAIT;
+    loop {
+        match std::net::TcpListener::bind(listen) {
+            Ok(probe) => {
+                return probe.local_addr().map_err(|e| format!("cannot listen on {listen}: {e}"));
+            }
+            Err(e)
+                if e.kind() == std::io::ErrorKind::AddrInUse
+                    && std::time::Instant::now() < given_up =>
+            {
+                std::thread::sleep(Duration::from_millis(10));
+            }
+            Err(e) => return Err(format!("cannot listen on {listen}: {e}")),
+        }
+    }
+}
+
+/// How long a start waits for its port to be let go of ([`probe_port`]).
+const PORT_TAKEN_WAIT: Duration = Duration::from_secs(1);
+
 /// The S3 store's transfer knobs (used with `--s3-bucket`).
 pub const S3_KNOBS: [Knob; 8] = [
     tuning::S3_ATTEMPT_TIMEOUT_MS,
@@ -259,11 +284,7 @@ pub fn run(args: &[String]) -> Result<(), String> {
     // A plain bind (no SO_REUSEPORT) finds a port already taken, by another nova too,
     // whose shards would otherwise share it silently; port 0 picks one free port for
     // every shard.
-    {
-        let probe = std::net::TcpListener::bind(listen)
-            .map_err(|e| format!("cannot listen on {listen}: {e}"))?;
-        listen = probe.local_addr().map_err(|e| format!("cannot listen on {listen}: {e}"))?;
-    }
+    listen = probe_port(listen)?;
 
     let switch = |name: &str| match flag_value(&flags, name) {
         None | Some("false") => Ok(false),

@@ -3139,6 +3139,51 @@ fn stream_id_keeps_reads_and_subscriptions_on_one_stream() {
     assert!(refused["message"].as_str().expect("message").contains("stream_id"), "{refused}");
 }
 
+/// A shard whose journal write failed acknowledges nothing more until a restart, and
+/// `/health` says so (503, naming the shard and why), so a supervisor restarts it rather
+/// than keep a node that answers every append unavailable. Here the journal's first
+/// segment cannot be created: a directory is in its place.
+#[test]
+fn health_reports_a_shard_whose_journal_failed() {
+    let dir = tempdir();
+    let data = dir.path().join("data");
+    let nova = Nova::start_with(&data, &["--shards", "1"], &[]);
+    nova.express_bucket("sick");
+    let segment = data.join("journal/shard-0").join(format!("{:020}.journal", 0));
+    std::fs::create_dir(&segment).expect("a directory where the first segment goes");
+    let append = |nova: &Nova| {
+        nova.call("POST", "/v1/streams/sick/s/records", Some(r#"{"records":[{"body":"x"}]}"#))
+    };
+    let refused = append(&nova);
+    assert_eq!(refused.status, 503, "{}", refused.text());
+    let health = nova.err("GET", "/health", None, 503, "unavailable");
+    let said = health["message"].as_str().expect("message");
+    assert!(said.contains("shard 0") && said.contains("journal"), "{said}");
+    assert!(said.contains("restarted"), "{said}");
+
+    assert!(nova.terminate().success());
+    std::fs::remove_dir(&segment).expect("the obstacle gone");
+    let nova = Nova::start_with(&data, &["--shards", "1"], &[]);
+    assert_eq!(nova.ok("GET", "/health", None, 200)["status"], "serving");
+    assert_eq!(append(&nova).status, 200);
+}
+
+/// A server killed and started again at once on the same address starts: the killed
+/// one's listener outlives it by some milliseconds (its io_uring torn down), which the
+/// start waits out instead of failing as if another nova held the port.
+#[test]
+fn a_server_killed_starts_again_at_once_on_its_address() {
+    let dir = tempdir();
+    let data = dir.path().join("data");
+    let mut nova = Nova::start(&data);
+    let address = nova.server.authority.clone();
+    for _ in 0..5 {
+        nova.kill();
+        nova = Nova::start_with(&data, &["--listen", &address], &[]);
+        assert_eq!(nova.ok("GET", "/health", None, 200)["status"], "serving");
+    }
+}
+
 /// `--http-peer-gone-ms` sets how soon a connection's vanished peer is given up: a quiet
 /// connection is probed with TCP keepalive from half of it on. The kernel shows the
 /// server's socket's keepalive timer in /proc/net/tcp (`tr` 2, `tm->when` in clock ticks
