@@ -729,8 +729,11 @@ async fn run_shard(
     let in_hand = Rc::new(InHand::default());
     while let Ok(message) = inbox.recv_async().await {
         match message {
-            Message::Op { record, op: op @ Op::Read { .. }, reply } if matches!(&op, Op::Read { request, .. } if request.wait.is_some()) =>
-            {
+            Message::Op {
+                record,
+                op: op @ Op::Read { request: ReadRequest { wait: Some(_), .. }, .. },
+                reply,
+            } => {
                 let (shard, waiting) = (Rc::clone(&shard), Rc::clone(&waiting));
                 let held = in_hand.take();
                 glommio::spawn_local(async move {
