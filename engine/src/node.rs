@@ -480,11 +480,11 @@ impl Node {
         // Only now, with every shard's journal made: a first start that failed or died
         // before it acknowledged nothing, and must not leave a directory that looks as if
         // it had run, whose missing journals would then refuse every later start.
-        if !ran_before && let Err(error) = write_manifest(&config) {
-            node.stop();
-            return Err(error);
-        }
         if !ran_before {
+            if let Err(error) = write_manifest(&config) {
+                node.stop();
+                return Err(error);
+            }
             serve_all();
         }
         node.client.recovered.store(true, Ordering::Release);

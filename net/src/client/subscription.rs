@@ -7,12 +7,11 @@ use std::io::{self, BufRead};
 use std::time::Duration;
 
 use engine::framing::{self, Frame};
-use engine::ids::StreamId;
 use serde_json::Value;
 
 use super::http::{self, Server, Streaming};
 use super::{
-    Address, Error, Position, ReadOptions, Record, Result, api_error_frame, push_records,
+    Address, Error, Position, ReadOptions, Record, Result, StreamId, api_error_frame, push_records,
     read_frame, records_from_json,
 };
 
