@@ -260,6 +260,10 @@ pub struct UploaderStats {
     pub put_latency_us_max: u64,
     /// The last PUT failure, as text.
     pub last_put_error: Option<String>,
+    /// PUTs failing now (retrying with backoff), and how long since the first of them
+    /// failed: the object store is down or refusing while this is not zero.
+    pub puts_failing: usize,
+    pub failing_for: Option<Duration>,
     /// Ranged GETs of history answered.
     pub object_reads: u64,
 }
@@ -318,6 +322,38 @@ struct Shared {
     counters: Counters,
     histograms: Mutex<Histograms>,
     last_put_error: Mutex<Option<String>>,
+    failing: Mutex<Failing>,
+}
+
+/// The PUTs in their retry loop, and since when one has been: set by the first that
+/// fails, cleared when the last of them ends.
+#[derive(Debug, Default)]
+struct Failing {
+    puts: usize,
+    since: Option<Instant>,
+}
+
+/// One PUT counted in [`Failing`] from its first failure until it ends, however it ends
+/// (durable, refused for good, or dropped by a stop).
+struct FailingPut<'a>(&'a Shared);
+
+impl<'a> FailingPut<'a> {
+    fn new(shared: &'a Shared) -> FailingPut<'a> {
+        let mut failing = lock(&shared.failing);
+        failing.puts += 1;
+        failing.since.get_or_insert_with(Instant::now);
+        FailingPut(shared)
+    }
+}
+
+impl Drop for FailingPut<'_> {
+    fn drop(&mut self) {
+        let mut failing = lock(&self.0.failing);
+        failing.puts -= 1;
+        if failing.puts == 0 {
+            failing.since = None;
+        }
+    }
 }
 
 #[derive(Debug, Default)]
@@ -389,6 +425,7 @@ impl Uploader {
                     .expect("constant bounds are valid"),
             }),
             last_put_error: Mutex::new(None),
+            failing: Mutex::new(Failing::default()),
         });
         let (ready_tx, ready_rx) = flume::bounded(1);
         let engine = Engine {
@@ -517,6 +554,7 @@ impl Uploader {
     pub fn stats(&self) -> UploaderStats {
         let c = &self.shared.counters;
         let h = lock(&self.shared.histograms);
+        let failing = lock(&self.shared.failing);
         UploaderStats {
             requests: c.requests.load(Ordering::Relaxed),
             chunks: c.chunks.load(Ordering::Relaxed),
@@ -538,6 +576,8 @@ impl Uploader {
             put_latency_us_p99: h.put_latency_us.value_at_quantile(0.99),
             put_latency_us_max: h.put_latency_us.max(),
             last_put_error: lock(&self.shared.last_put_error).clone(),
+            puts_failing: failing.puts,
+            failing_for: failing.since.map(|since| since.elapsed()),
             object_reads: c.object_reads.load(Ordering::Relaxed),
         }
     }
@@ -1012,6 +1052,7 @@ async fn put_durably(
 ) -> std::result::Result<(), String> {
     let counters = &shared.counters;
     let mut ceiling = backoff_initial;
+    let mut failing = None;
     loop {
         counters.put_attempts.fetch_add(1, Ordering::Relaxed);
         let failure = match store.put(key, body.clone(), PutCondition::CreateOnly).await {
@@ -1039,6 +1080,7 @@ async fn put_durably(
         };
         counters.put_failures.fetch_add(1, Ordering::Relaxed);
         *lock(&shared.last_put_error) = Some(failure);
+        failing.get_or_insert_with(|| FailingPut::new(shared));
         tokio::time::sleep(jittered(ceiling)).await;
         ceiling = ceiling.saturating_mul(2).min(backoff_max);
     }

@@ -670,6 +670,8 @@ fn failed_lost_and_slow_puts_are_retried_and_nothing_is_answered_early() {
         assert!(stats.put_failures >= 6, "{stats:?}");
         assert_eq!(stats.put_attempts, stats.bundles + stats.put_failures);
         assert!(stats.last_put_error.is_some());
+        // Every failed PUT landed in the end, so none is failing now.
+        assert_eq!((stats.puts_failing, stats.failing_for), (0, None), "{stats:?}");
         assert_eq!(stats.requests, 4 * 30);
     });
 }

@@ -253,7 +253,7 @@ impl<'a> InFlight<'a> {
             started: Instant::now(),
             request_id: request_id(shared, request),
             method: request.method().clone(),
-            path: request.uri().path().to_owned(),
+            path: crate::auth::shown_path(request.uri().path()).to_owned(),
             ended: false,
         }
     }
@@ -412,8 +412,9 @@ async fn route(
     let method = request.method().clone();
     let path = request.uri().path().to_owned();
     let segments: Vec<&str> = path.trim_start_matches('/').split('/').collect();
+    let shown = crate::auth::shown_path(&path);
     let not_allowed =
-        |allowed: &str| Err(ApiError::method_not_allowed(method.as_str(), &path, allowed));
+        |allowed: &str| Err(ApiError::method_not_allowed(method.as_str(), shown, allowed));
     // A head past the limit is refused before anything in it is read.
     let head = head_bytes(&request);
     if head > shared.settings.head_bytes_max {
@@ -427,7 +428,7 @@ async fn route(
     }
     // Who is calling comes first: a caller without a valid token learns nothing else.
     let caller = match segments.as_slice() {
-        ["health"] => Caller::Anyone,
+        ["health"] if matches!(method, Method::GET | Method::HEAD) => Caller::Anyone,
         _ => match authenticate(shared, callers, &request) {
             Ok(caller) => caller,
             Err(error) => return ("unauthenticated", Err(error)),
@@ -454,22 +455,10 @@ async fn route(
         ["health"] => (
             "health",
             match method {
-                // Each shard serves once it has recovered; the node, once all have.
-                Method::GET | Method::HEAD if !shared.client.recovered() => {
-                    Err(ApiError::from_code(
-                        engine::Code::Unavailable,
-                        "recovering: a shard is still replaying its journal; retry shortly",
-                    ))
-                }
-                // A shard whose journal, an upload or the metadata failed acknowledges
-                // nothing until a restart: a supervisor watching this restarts it.
-                Method::GET | Method::HEAD if let Some(why) = shared.client.failed() => {
-                    Err(ApiError::from_code(
-                        engine::Code::Unavailable,
-                        format!("{why} acknowledges nothing more until nova is restarted"),
-                    ))
-                }
-                Method::GET | Method::HEAD => ok(&json!({"status": "serving"})),
+                Method::GET | Method::HEAD => health(shared, || {
+                    authenticate(shared, callers, &request)
+                        .is_ok_and(|caller| caller.may(Access::Read, Target::Fleet).is_ok())
+                }),
                 _ => not_allowed("GET"),
             },
         ),
@@ -598,7 +587,7 @@ async fn route(
                     ("read_plan", bare(denied(Access::Read, stream), verb).await)
                 }
                 (Some("plan"), _) => ("read_plan", not_allowed("GET")),
-                _ => ("unknown", Err(ApiError::no_route(method.as_str(), &path))),
+                _ => ("unknown", Err(ApiError::no_route(method.as_str(), shown))),
             }
         }
         ["v1", "tokens"] => {
@@ -621,7 +610,7 @@ async fn route(
             ),
             _ => ("revoke_token", not_allowed("DELETE")),
         },
-        _ => ("unknown", Err(ApiError::no_route(method.as_str(), &path))),
+        _ => ("unknown", Err(ApiError::no_route(method.as_str(), shown))),
     }
 }
 
@@ -961,6 +950,46 @@ async fn metrics(shared: &Shared) -> Answer {
     Ok(response)
 }
 
+/// `/health`, which needs no token: 503 while a shard recovers, or once one failed (it
+/// acknowledges nothing until a restart, so a supervisor watching this restarts nova);
+/// else 200, serving, or degraded while object PUTs fail. A store that is down is no
+/// reason to restart (a restart cannot bring it back, and reads, express appends and the
+/// control plane go on), so that stays a 200, while standard appends wait in memory,
+/// within the shards' budget, until the store is back. Why a shard or a PUT failed is
+/// told only to a caller who may read `/metrics` (`detailed`): its text can name paths
+/// and endpoints.
+fn health(shared: &Shared, detailed: impl FnOnce() -> bool) -> Answer {
+    let unavailable =
+        |message: String| Err(ApiError::from_code(engine::Code::Unavailable, message));
+    if !shared.client.recovered() {
+        return unavailable(
+            "recovering: a shard is still replaying its journal; retry shortly".into(),
+        );
+    }
+    if let Some(why) = shared.client.failed() {
+        let why = if detailed() { why } else { "a shard".into() };
+        return unavailable(format!("{why} acknowledges nothing more until nova is restarted"));
+    }
+    let uploader = shared.client.uploader_stats();
+    let Some(failing_for) = uploader.failing_for else {
+        return ok(&json!({"status": "serving"}));
+    };
+    let mut message = format!(
+        "{} object PUTs failing for {} s; standard appends wait until the store takes them",
+        uploader.puts_failing,
+        failing_for.as_secs(),
+    );
+    if let Some(error) = uploader.last_put_error.filter(|_| detailed()) {
+        message = format!("{message}: {error}");
+    }
+    ok(&json!({
+        "status": "degraded",
+        "message": message,
+        "object_puts_failing": uploader.puts_failing,
+        "object_store_failing_ms": u64::try_from(failing_for.as_millis()).unwrap_or(u64::MAX),
+    }))
+}
+
 // ---- Buckets --------------------------------------------------------------------------
 
 async fn list_buckets(shared: &Shared, request: &Request<Incoming>) -> Answer {
@@ -1010,9 +1039,8 @@ fn token_table(shared: &Shared) -> Result<&Auth, ApiError> {
     shared.auth.as_deref().ok_or_else(|| {
         ApiError::from_code(
             engine::Code::FailedPrecondition,
-            "authentication is off on this server (a loopback address and no \
-             --root-token-file), so tokens would change nothing; start it with \
-             --root-token-file to use them",
+            "authentication is off on this server (no --root-token-file), so tokens \
+             would change nothing; start it with --root-token-file to use them",
         )
     })
 }

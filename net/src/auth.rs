@@ -138,6 +138,16 @@ fn is_token_id(id: &str) -> bool {
     id.len() == ID_BYTES * 2 && id.bytes().all(|b| matches!(b, b'0'..=b'9' | b'a'..=b'f'))
 }
 
+/// `path` as a log line or an error message may show it: the segment after
+/// `/v1/tokens/` is left out unless it is a token ID, since it may be a whole token
+/// pasted in place of its ID.
+pub fn shown_path(path: &str) -> &str {
+    match path.strip_prefix("/v1/tokens/") {
+        Some(id) if !is_token_id(id) => "/v1/tokens/<not a token ID: left out>",
+        _ => path,
+    }
+}
+
 /// The public ID of an issued token's text; None for anything else (the root token).
 fn issued_id(token: &str) -> Option<&str> {
     let (id, secret) = token.strip_prefix(TOKEN_PREFIX)?.split_once('_')?;

@@ -395,7 +395,7 @@ impl Metrics {
                 .enumerate()
                 .map(|(shard, stats)| (format!("shard=\"{shard}\""), &stats.journal_groups)),
         );
-        let node: [(&str, &str, &str, u64); 14] = [
+        let node: [(&str, &str, &str, u64); 16] = [
             ("nova_uploader_bundles_total", "counter", "transit bundles written", uploader.bundles),
             (
                 "nova_uploader_bundle_bytes_total",
@@ -432,6 +432,18 @@ impl Metrics {
                 "counter",
                 "object PUT attempts that failed (retried)",
                 uploader.put_failures,
+            ),
+            (
+                "nova_uploader_puts_failing",
+                "gauge",
+                "object PUTs failing now, each retrying with backoff (the store is down or refusing)",
+                uploader.puts_failing as u64,
+            ),
+            (
+                "nova_uploader_failing_seconds",
+                "gauge",
+                "time since the first of the PUTs failing now failed; 0 while none is",
+                uploader.failing_for.map_or(0, |failing| failing.as_secs()),
             ),
             (
                 "nova_uploader_queue_depth",

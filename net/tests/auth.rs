@@ -100,6 +100,9 @@ fn every_request_but_health_needs_a_token_the_server_knows() {
         ("POST", "/v1/tokens"),
         ("GET", "/metrics"),
         ("GET", "/v1/no/such/route"),
+        // Only GET and HEAD are the probe's.
+        ("POST", "/health"),
+        ("DELETE", "/health"),
     ] {
         let response = nova.call(method, path, None);
         assert_eq!(response.status, 401, "{method} {path}: {}", response.text());
@@ -673,6 +676,38 @@ fn a_long_poll_answers_nothing_read_after_its_token_was_revoked() {
     let answer = poll.join().expect("the poll thread");
     assert_eq!(answer.status, 401, "{}", answer.text());
     assert!(answer.text().contains("was revoked"), "{}", answer.text());
+}
+
+/// A whole token sent where its ID goes (`DELETE /v1/tokens/{token}`) is a secret: it is
+/// neither logged nor echoed in an error, and the token stays live, as the 404 says.
+#[test]
+fn a_token_in_place_of_its_id_is_never_logged_nor_echoed() {
+    let dir = tempfile::tempdir().expect("temp dir");
+    let log = dir.path().join("log");
+    let nova = Nova::start_logging(
+        &dir.path().join("data"),
+        &["--root-token-file", &root_file(dir.path())],
+        &log,
+    );
+    let (token, id) = issue(&nova, &["*:*:read"]);
+    let secret = &token[token.len() - 64..];
+    let path = format!("/v1/tokens/{token}");
+    for (method, status) in [("DELETE", 404), ("GET", 405), ("PUT", 405)] {
+        let answer = expect(&nova, Some(ROOT), method, &path, None, status);
+        assert!(!answer.to_string().contains(secret), "{method}: {answer}");
+    }
+    let unrouted = expect(&nova, Some(ROOT), "GET", &format!("{path}/more"), None, 404);
+    assert!(!unrouted.to_string().contains(secret), "{unrouted}");
+    expect(&nova, Some(&token), "GET", "/v1/buckets", None, 200);
+    // A token ID is no secret: its path is logged as it is.
+    expect(&nova, Some(ROOT), "GET", &format!("/v1/tokens/{id}"), None, 405);
+    let mut text = String::new();
+    common::wait_until("the log has the last refusal", || {
+        text = std::fs::read_to_string(&log).unwrap_or_default();
+        text.contains(&format!("path=\"/v1/tokens/{id}\""))
+    });
+    assert!(!text.contains(secret), "{text}");
+    assert_eq!(text.matches("/v1/tokens/<not a token ID: left out>").count(), 4, "{text}");
 }
 
 #[test]

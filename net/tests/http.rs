@@ -2432,6 +2432,72 @@ fn a_second_sigterm_ends_a_stop_at_once_and_loses_nothing_acknowledged() {
     }
 }
 
+/// While the object store is down, `/health` still answers 200 (a restart cannot bring
+/// the store back) but says degraded and how many PUTs fail, as `/metrics` does, and why
+/// only to a caller whose token may read `/metrics`; the standard append waiting
+/// meanwhile is acknowledged once the store is back, and `/health` says serving again.
+#[test]
+fn health_says_degraded_while_the_object_store_is_down() {
+    let moto = s3::testing::Moto::start();
+    moto.create_bucket("nova");
+    let proxy = s3::testing::Proxy::start(moto.port, Vec::new());
+    let dir = tempdir();
+    let root = dir.path().join("root-token");
+    std::fs::write(&root, "root-token-for-tests-0123456789\n").expect("write the root token");
+    let mut flags = common::s3_flags(&proxy.endpoint());
+    flags.extend(["--root-token-file".into(), root.to_str().expect("UTF-8").into()]);
+    let flags: Vec<&str> = flags.iter().map(String::as_str).collect();
+    let nova = Nova::start_with(&dir.path().join("data"), &flags, &[]);
+    let bearer = [("authorization", "Bearer root-token-for-tests-0123456789")];
+    let call = |method: &str, path: &str, body: Option<&str>, token: bool| {
+        let headers = if token { &bearer[..] } else { &[] };
+        let response = nova.call_with(method, path, headers, body.map(str::as_bytes));
+        assert!((200..300).contains(&response.status), "{method} {path}: {}", response.text());
+        response.json()
+    };
+    let metric = |name: &str| -> u64 {
+        let text = nova.call_with("GET", "/metrics", &bearer, None).text();
+        let line = text.lines().find(|line| line.starts_with(&format!("{name} ")));
+        line.and_then(|line| line.rsplit(' ').next()?.parse().ok()).expect(name)
+    };
+    call("POST", "/v1/buckets/held", Some(r#"{"create_stream_on_append":true}"#), true);
+    let path = "/v1/streams/held/standard/records";
+    call("POST", path, Some(r#"{"records":[{"body":"before"}]}"#), true);
+    assert_eq!(call("GET", "/health", None, false), json!({"status": "serving"}));
+    assert_eq!(metric("nova_uploader_puts_failing"), 0);
+    proxy.set_down(true);
+    std::thread::scope(|scope| {
+        let held =
+            scope.spawn(|| call("POST", path, Some(r#"{"records":[{"body":"held"}]}"#), true));
+        let mut health = Value::Null;
+        wait_until("health says degraded", || {
+            health = call("GET", "/health", None, false);
+            health["status"] == "degraded"
+        });
+        assert!(health["object_puts_failing"].as_u64() >= Some(1), "{health}");
+        assert!(health["object_store_failing_ms"].as_u64().is_some(), "{health}");
+        let message = health["message"].as_str().expect("a message");
+        let said = "standard appends wait until the store takes them";
+        assert!(
+            message.contains(" object PUTs failing for ") && message.ends_with(said),
+            "{message}"
+        );
+        // The root token may read /metrics, so it is told the error too.
+        let told = call("GET", "/health", None, true);
+        let message = told["message"].as_str().expect("a message");
+        assert!(message.contains(&format!("{said}: ")), "{told}");
+        assert!(metric("nova_uploader_puts_failing") >= 1);
+        assert!(!held.is_finished(), "a standard append waits for the store");
+        proxy.set_down(false);
+        assert_eq!(held.join().expect("the held append")["start"]["seq_num"], 1);
+    });
+    wait_until("health says serving", || {
+        call("GET", "/health", None, false) == json!({"status": "serving"})
+    });
+    assert_eq!(metric("nova_uploader_puts_failing"), 0);
+    assert_eq!(metric("nova_uploader_failing_seconds"), 0);
+}
+
 fn sigterm_case(store: Store) {
     let dir = tempdir();
     let data = dir.path().join("data");
