@@ -347,6 +347,54 @@ fn a_timeout_ends_a_call_the_server_never_answers() {
     }
 }
 
+/// A connection the server never takes (its accept queue is full, so the kernel drops
+/// every further SYN, as for a host that cannot be reached) ends within the client's
+/// timeout too, not after the kernel's two minutes of retries.
+#[test]
+fn a_timeout_ends_a_connect_the_server_never_takes() {
+    use std::os::fd::FromRawFd as _;
+    // SAFETY: a new socket, owned by the listener from here on.
+    let listener = unsafe {
+        let fd = libc::socket(libc::AF_INET, libc::SOCK_STREAM, 0);
+        assert!(fd >= 0, "socket: {}", std::io::Error::last_os_error());
+        std::net::TcpListener::from_raw_fd(fd)
+    };
+    let loopback = libc::sockaddr_in {
+        sin_family: libc::AF_INET as libc::sa_family_t,
+        sin_port: 0,
+        sin_addr: libc::in_addr { s_addr: u32::from_ne_bytes([127, 0, 0, 1]) },
+        sin_zero: [0; 8],
+    };
+    let size = std::mem::size_of::<libc::sockaddr_in>() as libc::socklen_t;
+    // SAFETY: the listener's socket, and an address of the size given.
+    unsafe {
+        let fd = std::os::fd::AsRawFd::as_raw_fd(&listener);
+        assert_eq!(libc::bind(fd, (&raw const loopback).cast(), size), 0);
+        // A backlog of 0: one connection waits to be accepted, none more.
+        assert_eq!(libc::listen(fd, 0), 0);
+    }
+    let address = listener.local_addr().expect("address");
+    let short = std::time::Duration::from_millis(200);
+    let mut queued = Vec::new();
+    while let Ok(stream) = std::net::TcpStream::connect_timeout(&address, short) {
+        queued.push(stream);
+        assert!(queued.len() < 16, "the accept queue never filled");
+    }
+    let client = Client::new(&format!("http://{address}"))
+        .expect("client")
+        .with_attempts(2)
+        .with_timeout(Some(short));
+    let started = std::time::Instant::now();
+    let error = client.check_tail(&Address::new("b", "k")).expect_err("never connected");
+    assert!(matches!(error, Error::Io { .. }), "{error}");
+    let took = started.elapsed();
+    assert!(took < std::time::Duration::from_secs(5), "two attempts took {took:?}");
+    let error = client.subscribe(&Address::new("b", "k"), &ReadOptions::default(), true).err();
+    assert!(matches!(error, Some(Error::Io { .. })), "{error:?}");
+    let session = client.append_session(&Address::new("b", "k"), 4);
+    assert!(session.is_err(), "a session needs its connection");
+}
+
 /// Sessions left idle past the server's `--http-idle-timeout-ms`: a JSON one (requests
 /// on a keep-alive connection) has its connection closed by the server, and with nothing
 /// in flight its next batch goes on a new one; a streamed one is a request still being
@@ -555,4 +603,36 @@ fn a_read_refused_with_retry_after_is_sent_again_after_it() {
             other => panic!("expected records, got {other:?}"),
         }
     });
+}
+
+/// A guarded append whose first attempt landed unheard (its answer dropped on the way),
+/// and whose retry is refused with the tail the batch itself made, fails with its outcome
+/// unknown, never as a refusal; it landed once. A retry that finds another tail is still
+/// a refusal, and one that finds the stream where the batch goes lands it.
+#[test]
+fn a_guarded_append_whose_retry_finds_its_own_tail_fails_with_its_outcome_unknown() {
+    use s3::testing::{Fault, Proxy};
+    let dir = tempfile::tempdir().expect("a temporary directory");
+    let nova = Nova::start_with(&dir.path().join("data"), &[], &[]);
+    let direct = Client::new(&nova.url).expect("url");
+    autocreating(&direct, "guarded", StorageClass::Express);
+    let address = Address::new("guarded", "k");
+    let guarded = |seq_num| Conditions { match_seq_num: Some(seq_num), ..Conditions::default() };
+    direct.append(&address, &batch(&["first"]), &guarded(0)).expect("the first batch");
+    let port = nova.server.authority.rsplit(':').next().and_then(|p| p.parse().ok());
+    let proxy = Proxy::start(port.expect("a port"), vec![Fault::DropResponse]);
+    let client = Client::new(&proxy.endpoint()).expect("url");
+    let error = client
+        .append(&address, &batch(&["second", "third"]), &guarded(1))
+        .expect_err("the retry finds the tail the first attempt made");
+    assert!(error.outcome_unknown(), "{error}");
+    assert!(error.to_string().contains("next_seq_num 3"), "{error}");
+    assert_eq!(direct.check_tail(&address).expect("tail").seq_num, 3, "landed once");
+    // Another writer's tail: a plain refusal, nothing landed.
+    let refused = client.append(&address, &batch(&["x"]), &guarded(1)).expect_err("refused");
+    assert_eq!((refused.code(), refused.next_seq_num()), (Some("failed_precondition"), Some(3)));
+    assert!(!refused.outcome_unknown(), "{refused}");
+    client.append(&address, &batch(&["fourth"]), &guarded(3)).expect("lands");
+    let page = direct.read(&address, &ReadOptions::default()).expect("read");
+    assert_eq!(bodies(&page.records), ["first", "second", "third", "fourth"]);
 }

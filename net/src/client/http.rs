@@ -3,7 +3,7 @@
 //! chunked transfer or end of stream, and a streaming reader for subscriptions.
 
 use std::io::{self, BufRead, BufReader, Read, Write};
-use std::net::TcpStream;
+use std::net::{TcpStream, ToSocketAddrs as _};
 use std::time::Duration;
 
 /// A server's address, from `http://HOST:PORT` (a path after it is ignored), and the
@@ -143,7 +143,26 @@ pub fn open(
     body: Option<&[u8]>,
     timeout: Option<Duration>,
 ) -> io::Result<Streaming> {
-    open_on(TcpStream::connect(&server.authority)?, server, method, path, headers, body, timeout)
+    open_on(connect(&server.authority, timeout)?, server, method, path, headers, body, timeout)
+}
+
+/// A connection to `authority` (`host:port`), each of its addresses tried in turn for at
+/// most `timeout` (None: as long as the kernel tries, about two minutes), so that an
+/// unreachable host fails a call within the client's timeout too.
+pub fn connect(authority: &str, timeout: Option<Duration>) -> io::Result<TcpStream> {
+    let Some(timeout) = timeout else {
+        return TcpStream::connect(authority);
+    };
+    let mut last = None;
+    for address in authority.to_socket_addrs()? {
+        match TcpStream::connect_timeout(&address, timeout) {
+            Ok(stream) => return Ok(stream),
+            Err(error) => last = Some(error),
+        }
+    }
+    Err(last.unwrap_or_else(|| {
+        io::Error::new(io::ErrorKind::NotFound, format!("{authority} names no address"))
+    }))
 }
 
 /// [`open`] on a connection to `server` the caller made (with socket options of its

@@ -17,13 +17,19 @@
 //!   `match_seq_num` (which land once or are refused), when the connection failed, the
 //!   server was unavailable, or it answered with `Retry-After` (waited out, up to
 //!   [`RETRY_AFTER_MAX`]). Anything else that fails on the way is returned, never
-//!   resent: a plain append may have landed.
+//!   resent: a plain append may have landed. A guarded append whose retry is refused
+//!   with the tail it would itself have made fails with its outcome unknown, never as
+//!   a refusal.
 //!
 //! Never here: sequencing, stamping or checking records beyond their encoding; the server
 //! is the authority for every limit.
 
 /// The longest `Retry-After` a retry waits out; a longer one is waited this long.
 pub const RETRY_AFTER_MAX: Duration = Duration::from_secs(30);
+
+/// The longest wait between attempts of a call that failed transiently: the backoff
+/// doubles from 50 ms up to this.
+pub const BACKOFF_MAX: Duration = Duration::from_secs(5);
 
 pub mod http;
 mod session;
@@ -432,10 +438,11 @@ impl Ack {
 #[derive(Clone, Debug, Default, PartialEq, Eq)]
 pub struct Conditions {
     /// Apply only if the first record would be numbered exactly this. Such an append is
-    /// retried after a failed connection: it lands once or is refused. A refusal
-    /// (`failed_precondition`, with `next_seq_num`) after a retry may mean the first
-    /// attempt landed before its answer was lost: when `next_seq_num` is this plus the
-    /// batch's records, read them back to tell it from another writer's batch.
+    /// retried after a failed connection: it lands once or is refused. A retry refused
+    /// with `next_seq_num` equal to this plus the batch's records may mean the first
+    /// attempt landed before its answer was lost: [`Client::append`] then fails with
+    /// its outcome unknown ([`Error::outcome_unknown`]); read the records back to tell
+    /// it from another writer's batch.
     pub match_seq_num: Option<u64>,
     pub fencing_token: Option<String>,
 }
@@ -734,7 +741,7 @@ struct Conn {
 impl Conn {
     /// A connection whose every read and write waits at most `timeout` (None: no limit).
     fn connect(server: &Server, timeout: Option<Duration>) -> io::Result<Conn> {
-        let stream = TcpStream::connect(&server.authority)?;
+        let stream = http::connect(&server.authority, timeout)?;
         stream.set_nodelay(true)?;
         stream.set_read_timeout(timeout)?;
         stream.set_write_timeout(timeout)?;
@@ -796,7 +803,7 @@ impl Client {
     }
 
     /// Attempts for a call that is safe to repeat (at least 1); the wait between them
-    /// starts at 50 ms and doubles.
+    /// starts at 50 ms and doubles, up to [`BACKOFF_MAX`].
     pub fn with_attempts(mut self, attempts: u32) -> Self {
         self.attempts = attempts.max(1);
         self
@@ -918,7 +925,7 @@ impl Client {
             match attempt() {
                 Err(error) if tried < attempts && error.transient() => {
                     std::thread::sleep(backoff.max(error.retry_after()));
-                    backoff *= 2;
+                    backoff = (backoff * 2).min(BACKOFF_MAX);
                     tried += 1;
                 }
                 other => return other,
@@ -1086,18 +1093,11 @@ impl Client {
     /// `match_seq_num`.
     pub fn append(&self, address: &Address, batch: &Batch, conditions: &Conditions) -> Result<Ack> {
         let path = format!("{}/records", address.path());
-        let safe = conditions.match_seq_num.is_some();
-        let response = match self.format {
+        let (body, headers) = match self.format {
             Format::Binary => {
                 let mut body = Vec::with_capacity(batch.framed_len(conditions));
                 batch.write_framed(conditions, &mut body)?;
-                self.call(
-                    "POST",
-                    &path,
-                    &[("content-type", RECORDS_MEDIA_TYPE)],
-                    Some(&body),
-                    safe,
-                )?
+                (body, vec![("content-type", RECORDS_MEDIA_TYPE)])
             }
             Format::Json => {
                 let (body, base64) = batch.to_json(conditions)?;
@@ -1105,10 +1105,57 @@ impl Client {
                 if base64 {
                     headers.push(("nova-encoding", "base64"));
                 }
-                self.call("POST", &path, &headers, Some(&body), safe)?
+                (body, headers)
+            }
+        };
+        let response = match conditions.match_seq_num {
+            None => self.call("POST", &path, &headers, Some(&body), false)?,
+            Some(expected) => {
+                let made = expected.saturating_add(batch.len() as u64);
+                self.append_guarded(&path, &headers, &body, made)?
             }
         };
         Ack::from_json(&response.json())
+    }
+
+    /// An append guarded by `match_seq_num`, sent again while it fails transiently. When
+    /// an attempt's outcome was unknown and a later one is refused with `next_seq_num`
+    /// equal to `made` (what this batch would have made the tail), the first may have
+    /// landed: that refusal is no answer, so the call fails with its outcome unknown
+    /// ([`Error::outcome_unknown`]) for the caller to read the records back.
+    fn append_guarded(
+        &self,
+        path: &str,
+        headers: &[(&str, &str)],
+        body: &[u8],
+        made: u64,
+    ) -> Result<Response> {
+        let mut unknown = None;
+        let answer = self.retrying(true, || {
+            let answer = self.call("POST", path, headers, Some(body), false);
+            if let Err(error) = &answer
+                && error.outcome_unknown()
+            {
+                unknown = Some(error.to_string());
+            }
+            answer
+        });
+        match (answer, unknown) {
+            (Err(refused), Some(earlier))
+                if refused.code() == Some("failed_precondition")
+                    && refused.next_seq_num() == Some(made) =>
+            {
+                Err(Error::Io {
+                    what: format!(
+                        "POST {path}: a retry was refused with next_seq_num {made}, the tail this \
+                         batch would have made, after an attempt whose outcome is unknown \
+                         ({earlier}); the batch may have landed: read it back"
+                    ),
+                    error: io::Error::other("outcome unknown"),
+                })
+            }
+            (answer, _) => answer,
+        }
     }
 
     /// Reads one page (long polls with `wait_seconds`).
