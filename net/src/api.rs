@@ -218,14 +218,22 @@ pub async fn handle(
     request: Request<Incoming>,
 ) -> Result<Response<Body>, Infallible> {
     let mut in_flight = InFlight::begin(&shared, &request);
+    let has_body = !hyper::body::Body::is_end_stream(request.body());
     let (route, answer) = route(&shared, &callers, request).await;
+    let error = answer.as_ref().err().map(|error| (error.code, error.message.clone()));
+    // A connection whose request body was left unread cannot carry another request (hyper
+    // closes it): the client is told so, rather than finding out when its next is cut.
+    let unread = has_body && answer.as_ref().is_err_and(|error| error.body_unread);
     let mut response = answer.unwrap_or_else(error_response);
+    if unread {
+        response.headers_mut().insert(header::CONNECTION, HeaderValue::from_static("close"));
+    }
     if let Ok(value) = HeaderValue::from_str(&in_flight.request_id) {
         for name in REQUEST_ID_HEADERS {
             response.headers_mut().insert(name, value.clone());
         }
     }
-    in_flight.end(route, response.status().as_u16());
+    in_flight.end(route, response.status().as_u16(), error);
     Ok(response)
 }
 
@@ -258,7 +266,9 @@ impl<'a> InFlight<'a> {
         }
     }
 
-    fn end(&mut self, route: &'static str, status: u16) {
+    /// Counts the request, and logs it when it failed (with its error's code, and for a
+    /// server error its message: the cause an operator looks for) or was slow.
+    fn end(&mut self, route: &'static str, status: u16, error: Option<(&'static str, String)>) {
         self.ended = true;
         let shared = self.shared;
         shared.metrics.request(shared.shard, route, status);
@@ -274,8 +284,15 @@ impl<'a> InFlight<'a> {
                         shared.shard
                     );
                 }
+                let error = match &error {
+                    Some((code, message)) if status >= 500 => {
+                        format!(" code={code} message={message:?}")
+                    }
+                    Some((code, _)) => format!(" code={code}"),
+                    None => String::new(),
+                };
                 crate::log_line!(
-                    "nova request request_id={} shard={} method={} path={:?} route={route} status={status} micros={}",
+                    "nova request request_id={} shard={} method={} path={:?} route={route} status={status}{error} micros={}",
                     self.request_id,
                     shared.shard,
                     self.method,
@@ -291,7 +308,7 @@ impl<'a> InFlight<'a> {
 impl Drop for InFlight<'_> {
     fn drop(&mut self) {
         if !self.ended {
-            self.end(UNANSWERED.0, UNANSWERED.1);
+            self.end(UNANSWERED.0, UNANSWERED.1, None);
         }
     }
 }
@@ -352,7 +369,7 @@ fn request_id(shared: &Shared, request: &Request<Incoming>) -> String {
         .filter(|id| {
             !id.is_empty()
                 && id.len() <= REQUEST_ID_BYTES_MAX
-                && id.bytes().all(|b| b.is_ascii_graphic())
+                && id.bytes().all(|b| b.is_ascii_graphic() && !b"\"'=\\".contains(&b))
         });
     match sent {
         Some(id) => id.to_owned(),
@@ -413,8 +430,9 @@ async fn route(
     let path = request.uri().path().to_owned();
     let segments: Vec<&str> = path.trim_start_matches('/').split('/').collect();
     let shown = crate::auth::shown_path(&path);
-    let not_allowed =
-        |allowed: &str| Err(ApiError::method_not_allowed(method.as_str(), shown, allowed));
+    let not_allowed = |allowed: &str| {
+        Err(ApiError::method_not_allowed(method.as_str(), shown, allowed).before_body())
+    };
     // A head past the limit is refused before anything in it is read.
     let head = head_bytes(&request);
     if head > shared.settings.head_bytes_max {
@@ -424,14 +442,14 @@ async fn route(
             shared.settings.head_bytes_max,
             tuning::HTTP_HEAD_BYTES_MAX.flag
         );
-        return ("head_too_large", Err(ApiError::invalid(message)));
+        return ("head_too_large", Err(ApiError::invalid(message).before_body()));
     }
     // Who is calling comes first: a caller without a valid token learns nothing else.
     let caller = match segments.as_slice() {
         ["health"] if matches!(method, Method::GET | Method::HEAD) => Caller::Anyone,
         _ => match authenticate(shared, callers, &request) {
             Ok(caller) => caller,
-            Err(error) => return ("unauthenticated", Err(error)),
+            Err(error) => return ("unauthenticated", Err(error.before_body())),
         },
     };
     // A verb that takes no body refuses one rather than ignore it: a DELETE carrying a
@@ -439,7 +457,7 @@ async fn route(
     if matches!(method, Method::GET | Method::HEAD | Method::DELETE)
         && let Err(error) = no_body(shared, &mut request).await
     {
-        return ("no_body", Err(error));
+        return ("no_body", Err(error.before_body()));
     }
     // For the verbs that take no query parameters: a misplaced one (a `match_seq_num`
     // meant for the body) is refused, never ignored.
@@ -481,7 +499,7 @@ async fn route(
         ["v1", "buckets", bucket] => {
             let bucket = match bucket_name(bucket) {
                 Ok(bucket) => bucket,
-                Err(error) => return ("bucket", Err(error)),
+                Err(error) => return ("bucket", Err(error.before_body())),
             };
             let (admin, read) = (
                 gate(Access::Admin, Target::Bucket(&bucket)),
@@ -504,7 +522,7 @@ async fn route(
         ["v1", "streams", bucket] => {
             let bucket = match bucket_name(bucket) {
                 Ok(bucket) => bucket,
-                Err(error) => return ("list_streams", Err(error)),
+                Err(error) => return ("list_streams", Err(error.before_body())),
             };
             (
                 "list_streams",
@@ -517,7 +535,7 @@ async fn route(
         ["v1", "streams", bucket, key, rest @ ..] if rest.len() <= 1 => {
             let address = match bucket_name(bucket).and_then(|b| Ok((b, stream_key(key)?))) {
                 Ok(address) => address,
-                Err(error) => return ("stream", Err(error)),
+                Err(error) => return ("stream", Err(error.before_body())),
             };
             let (bucket, key) = (&address.0, &address.1);
             let stream = Target::Stream(bucket, key.as_str());
@@ -587,7 +605,7 @@ async fn route(
                     ("read_plan", bare(denied(Access::Read, stream), verb).await)
                 }
                 (Some("plan"), _) => ("read_plan", not_allowed("GET")),
-                _ => ("unknown", Err(ApiError::no_route(method.as_str(), shown))),
+                _ => ("unknown", Err(ApiError::no_route(method.as_str(), shown).before_body())),
             }
         }
         ["v1", "tokens"] => {
@@ -610,7 +628,7 @@ async fn route(
             ),
             _ => ("revoke_token", not_allowed("DELETE")),
         },
-        _ => ("unknown", Err(ApiError::no_route(method.as_str(), shown))),
+        _ => ("unknown", Err(ApiError::no_route(method.as_str(), shown).before_body())),
     }
 }
 
@@ -636,7 +654,7 @@ pub fn now_ms() -> u64 {
 /// where the verb takes none.
 async fn bare(stop: Option<ApiError>, verb: impl Future<Output = Answer>) -> Answer {
     match stop {
-        Some(error) => Err(error),
+        Some(error) => Err(error.before_body()),
         None => verb.await,
     }
 }
@@ -840,7 +858,8 @@ async fn read_body(
     request: &mut Request<Incoming>,
     limit: BodyLimit,
 ) -> Result<Held<Bytes>, ApiError> {
-    let Held { body: mut pieces, mut memory } = read_pieces(shared, request, limit).await?;
+    let Held { body: mut pieces, mut memory } =
+        read_pieces(shared, request, limit).await.map_err(ApiError::before_body)?;
     let body = match pieces.len() {
         1 => pieces.pop().expect("one piece"),
         _ => {
@@ -873,7 +892,8 @@ async fn no_body(shared: &Shared, request: &mut Request<Incoming>) -> Result<(),
 /// The request body, in the pieces hyper read it in (never joined here), refused past
 /// the limit before it is held whole: from `Content-Length` at once, or as soon as the
 /// bytes read pass the limit. Its bytes are taken from the shard's body memory first:
-/// all of them from `Content-Length` before any is read, else each piece as it comes.
+/// all of them from `Content-Length` before any is read, else each piece as it comes. A
+/// refusal leaves the body unread, all of it or the rest ([`ApiError::before_body`]).
 async fn read_pieces(
     shared: &Shared,
     request: &mut Request<Incoming>,
@@ -1153,14 +1173,15 @@ async fn append(
 ) -> Answer {
     let binary = media_type(request.headers().get(header::CONTENT_TYPE)).as_deref()
         == Some(RECORDS_MEDIA_TYPE);
-    let encoding = encoding(&request)?;
+    let encoding = encoding(&request).map_err(ApiError::before_body)?;
     // The body's memory is held until the append is answered: the framed batch (or
     // what the JSON was encoded into, no larger) is alive until then.
     let (append, _memory) = if binary {
         // The framed batch goes to the engine as it came, in the pieces it was read in;
         // the engine validates it in place.
-        let Held { body, memory } =
-            read_pieces(shared, &mut request, shared.append_body_limit()).await?;
+        let Held { body, memory } = read_pieces(shared, &mut request, shared.append_body_limit())
+            .await
+            .map_err(ApiError::before_body)?;
         (AppendRequest { framed: FramedBody::from_pieces(body), offered: None }, memory)
     } else {
         let Held { body, memory } =

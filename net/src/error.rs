@@ -16,6 +16,9 @@ pub struct ApiError {
     pub details: Map<String, Value>,
     /// Seconds for the `Retry-After` header (resource_exhausted).
     pub retry_after_seconds: Option<u64>,
+    /// Refused before the request's body was read (or all of it): its connection cannot
+    /// carry another request, and the answer says `Connection: close`.
+    pub body_unread: bool,
 }
 
 /// The HTTP status of a code: Google's standard mapping, with FailedPrecondition as 412
@@ -44,7 +47,13 @@ impl ApiError {
             message: message.into(),
             details: Map::new(),
             retry_after_seconds: None,
+            body_unread: false,
         }
+    }
+
+    /// This error, refusing a request before its body was read.
+    pub fn before_body(self) -> Self {
+        ApiError { body_unread: true, ..self }
     }
 
     /// invalid_argument: the message names the field and what was wrong with it.

@@ -1156,7 +1156,7 @@ fn health_metrics_and_request_ids(nova: &Nova) {
     let echoed = nova.call_with("GET", "/health", &[("x-request-id", "abc-123")], None);
     assert_eq!(echoed.header("x-request-id"), Some("abc-123"));
     // One a log line could be forged with, or too long, is replaced with the server's.
-    for unfit in ["two words".to_owned(), "x".repeat(129)] {
+    for unfit in ["two words".to_owned(), "x".repeat(129), "a=b".into(), "a\"b".into()] {
         let replaced = nova.call_with("GET", "/health", &[("x-request-id", &unfit)], None);
         let id = replaced.header("x-request-id").expect("a request id");
         assert!(id != unfit && !id.is_empty(), "{id:?}");
@@ -1169,7 +1169,7 @@ fn health_metrics_and_request_ids(nova: &Nova) {
     let metrics = nova.call("GET", "/metrics", None);
     assert_eq!(metrics.status, 200);
     let text = metrics.text();
-    assert!(text.contains(r#"nova_http_requests_total{route="health",status="200"} 5"#), "{text}");
+    assert!(text.contains(r#"nova_http_requests_total{route="health",status="200"} 7"#), "{text}");
     assert!(
         text.contains(r#"nova_http_requests_total{route="get_bucket",status="404"} 1"#),
         "{text}"
@@ -1235,11 +1235,64 @@ fn failed_and_slow_requests_are_logged_with_their_request_id() {
     // By default a quick success is not logged; a failure is, with its id and status.
     let lines: Vec<String> = request_lines(&[]);
     assert_eq!(lines.len(), 1, "{lines:?}");
-    assert!(lines[0].contains("request_id=bad-2") && lines[0].contains("status=404"), "{lines:?}");
+    assert!(lines[0].contains("request_id=bad-2 "), "{lines:?}");
+    assert!(lines[0].contains(" status=404 code=not_found micros="), "{lines:?}");
     // At 0 ms every request is slow enough.
     let lines: Vec<String> = request_lines(&["--http-log-slow-ms", "0"]);
     assert_eq!(lines.len(), 2, "{lines:?}");
     assert!(lines[0].contains("request_id=fine-1") && lines[0].contains("status=200"), "{lines:?}");
+}
+
+/// An error answered before the request's body was read (here an unknown route, and a
+/// bad stream key) says `Connection: close`, and the server closes it after: the client
+/// learns that the connection cannot carry its next request. Without a body, an error
+/// keeps the connection.
+#[test]
+fn an_error_before_the_body_is_read_closes_the_connection_and_says_so() {
+    use std::io::{Read as _, Write as _};
+    let dir = tempdir();
+    let nova = Nova::start(&dir.path().join("data"));
+    for path in ["/nope", "/v1/streams/b/a%0Ab/records"] {
+        let mut stream = std::net::TcpStream::connect(&nova.server.authority).expect("connect");
+        let head = format!("POST {path} HTTP/1.1\r\nhost: x\r\ncontent-length: 100000\r\n\r\n");
+        stream.write_all(head.as_bytes()).expect("send the head alone");
+        let mut answer = Vec::new();
+        stream.read_to_end(&mut answer).expect("the answer, then the close");
+        let answer = String::from_utf8_lossy(&answer).to_lowercase();
+        assert!(answer.starts_with("http/1.1 4"), "{path}: {answer}");
+        assert!(answer.contains("\r\nconnection: close\r\n"), "{path}: {answer}");
+    }
+    // Two requests on one connection, sent at once: every answer until `status` came
+    // twice, or the connection closed.
+    let twice = |request: &str, status: &str| {
+        let mut stream = std::net::TcpStream::connect(&nova.server.authority).expect("connect");
+        stream.set_read_timeout(Some(std::time::Duration::from_secs(30))).expect("timeout");
+        stream.write_all(request.repeat(2).as_bytes()).expect("send two requests");
+        let (mut answers, mut buffer) = (String::new(), [0u8; 4096]);
+        while answers.matches(status).count() < 2 {
+            match stream.read(&mut buffer).expect("the answers") {
+                0 => break,
+                n => answers.push_str(&String::from_utf8_lossy(&buffer[..n]).to_lowercase()),
+            }
+        }
+        answers
+    };
+    // Without a body, an error keeps the connection.
+    let answers = twice("GET /nope HTTP/1.1\r\nhost: x\r\n\r\n", "http/1.1 404");
+    assert_eq!(answers.matches("http/1.1 404").count(), 2, "{answers}");
+    assert!(!answers.contains("connection: close"), "{answers}");
+    // Nor does one refused once its body was read (a match_seq_num that does not match):
+    // a request behind it gets its own answer.
+    nova.ok("POST", "/v1/buckets/kept", Some(r#"{"create_stream_on_append":true}"#), 201);
+    nova.ok("POST", "/v1/streams/kept/k/records", Some(r#"{"records":[{"body":"a"}]}"#), 200);
+    let body = r#"{"records":[{"body":"b"}],"match_seq_num":5}"#;
+    let request = format!(
+        "POST /v1/streams/kept/k/records HTTP/1.1\r\nhost: x\r\ncontent-length: {}\r\n\r\n{body}",
+        body.len()
+    );
+    let answers = twice(&request, "http/1.1 412");
+    assert_eq!(answers.matches("http/1.1 412").count(), 2, "{answers}");
+    assert!(!answers.contains("connection: close"), "{answers}");
 }
 
 /// An append session holds at most `--http-session-in-flight-max` batches sequenced and
