@@ -433,7 +433,17 @@ pub fn run(args: &[String]) -> Result<(), String> {
         let _ = writeln!(stdout, "nova listening on http://{listen}");
         let _ = stdout.flush();
     }
-    if let Ok(signal) = signal_rx.recv() {
+    // Until a signal, the engine's troubles are logged as they start and end: the
+    // engine itself writes no log.
+    let (client, mut watch) = (node.client(), Watch::default());
+    let signal = loop {
+        match signal_rx.recv_timeout(WATCH_INTERVAL) {
+            Ok(signal) => break Some(signal),
+            Err(flume::RecvTimeoutError::Timeout) => watch.look(&client),
+            Err(flume::RecvTimeoutError::Disconnected) => break None,
+        }
+    };
+    if let Some(signal) = signal {
         crate::log_line!(
             "nova: signal {signal}: stopping (finishing requests in hand; a second signal \
              stops at once)"
@@ -455,6 +465,48 @@ pub fn run(args: &[String]) -> Result<(), String> {
     node.stop();
     crate::log_line!("nova: stopped");
     Ok(())
+}
+
+/// How often the serving thread looks for trouble to log ([`Watch`]).
+const WATCH_INTERVAL: Duration = Duration::from_secs(1);
+
+/// What the log has been told of the engine's troubles, so that each is logged once as
+/// it starts and once as it ends: a failed shard (until a restart) and object PUTs
+/// failing (the store down or refusing).
+#[derive(Default)]
+struct Watch {
+    shard_failed: bool,
+    store_failing: bool,
+}
+
+impl Watch {
+    fn look(&mut self, client: &engine::node::Client) {
+        if !self.shard_failed
+            && let Some(why) = client.failed()
+        {
+            self.shard_failed = true;
+            crate::log_line!(
+                "nova: {why} failed: it acknowledges nothing more until nova is restarted"
+            );
+        }
+        let uploader = client.uploader_stats();
+        match (uploader.failing_for, self.store_failing) {
+            (Some(failing_for), false) => {
+                self.store_failing = true;
+                crate::log_line!(
+                    "nova: object store failing: {} PUTs retrying for {} ms, standard appends wait: {}",
+                    uploader.puts_failing,
+                    failing_for.as_millis(),
+                    uploader.last_put_error.as_deref().unwrap_or("no error recorded"),
+                );
+            }
+            (None, true) => {
+                self.store_failing = false;
+                crate::log_line!("nova: object store takes PUTs again");
+            }
+            _ => {}
+        }
+    }
 }
 
 #[cfg(test)]

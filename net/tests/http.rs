@@ -2500,7 +2500,9 @@ fn health_says_degraded_while_the_object_store_is_down() {
     let mut flags = common::s3_flags(&proxy.endpoint());
     flags.extend(["--root-token-file".into(), root.to_str().expect("UTF-8").into()]);
     let flags: Vec<&str> = flags.iter().map(String::as_str).collect();
-    let nova = Nova::start_with(&dir.path().join("data"), &flags, &[]);
+    let log = dir.path().join("log");
+    let nova = Nova::start_logging(&dir.path().join("data"), &flags, &log);
+    let logged = |line: &str| std::fs::read_to_string(&log).is_ok_and(|text| text.contains(line));
     let bearer = [("authorization", "Bearer root-token-for-tests-0123456789")];
     let call = |method: &str, path: &str, body: Option<&str>, token: bool| {
         let headers = if token { &bearer[..] } else { &[] };
@@ -2541,6 +2543,7 @@ fn health_says_degraded_while_the_object_store_is_down() {
         assert!(message.contains(&format!("{said}: ")), "{told}");
         assert!(metric("nova_uploader_puts_failing") >= 1);
         assert!(!held.is_finished(), "a standard append waits for the store");
+        wait_until("the log says so", || logged("nova: object store failing: "));
         proxy.set_down(false);
         assert_eq!(held.join().expect("the held append")["start"]["seq_num"], 1);
     });
@@ -2549,6 +2552,7 @@ fn health_says_degraded_while_the_object_store_is_down() {
     });
     assert_eq!(metric("nova_uploader_puts_failing"), 0);
     assert_eq!(metric("nova_uploader_failing_seconds"), 0);
+    wait_until("the log says the store is back", || logged("nova: object store takes PUTs again"));
 }
 
 fn sigterm_case(store: Store) {
@@ -3260,13 +3264,14 @@ fn stream_id_keeps_reads_and_subscriptions_on_one_stream() {
 
 /// A shard whose journal write failed acknowledges nothing more until a restart, and
 /// `/health` says so (503, naming the shard and why), so a supervisor restarts it rather
-/// than keep a node that answers every append unavailable. Here the journal's first
-/// segment cannot be created: a directory is in its place.
+/// than keep a node that answers every append unavailable; the log says it once. Here the
+/// journal's first segment cannot be created: a directory is in its place.
 #[test]
 fn health_reports_a_shard_whose_journal_failed() {
     let dir = tempdir();
     let data = dir.path().join("data");
-    let nova = Nova::start_with(&data, &["--shards", "1"], &[]);
+    let log = dir.path().join("log");
+    let nova = Nova::start_logging(&data, &["--shards", "1"], &log);
     nova.express_bucket("sick");
     let segment = data.join("journal/shard-0").join(format!("{:020}.journal", 0));
     std::fs::create_dir(&segment).expect("a directory where the first segment goes");
@@ -3279,8 +3284,15 @@ fn health_reports_a_shard_whose_journal_failed() {
     let said = health["message"].as_str().expect("message");
     assert!(said.contains("shard 0") && said.contains("journal"), "{said}");
     assert!(said.contains("restarted"), "{said}");
+    // The log says so too, once.
+    let failed = "nova: shard 0 (journal";
+    wait_until("the log says the shard failed", || {
+        std::fs::read_to_string(&log).is_ok_and(|text| text.contains(failed))
+    });
 
     assert!(nova.terminate().success());
+    let text = std::fs::read_to_string(&log).expect("the log");
+    assert_eq!(text.matches(failed).count(), 1, "{text}");
     std::fs::remove_dir(&segment).expect("the obstacle gone");
     let nova = Nova::start_with(&data, &["--shards", "1"], &[]);
     assert_eq!(nova.ok("GET", "/health", None, 200)["status"], "serving");
