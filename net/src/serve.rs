@@ -75,18 +75,25 @@ pub const S3_KNOBS: [Knob; 8] = [
 ];
 
 /// The object-store flags: with `--s3-bucket`, objects go to S3 instead of
-/// `<data-dir>/objects`. Unset values fall back to the usual AWS variables.
+/// `<data-dir>/objects`. The first five may come from their environment variables
+/// ([`S3_ENV_SETTINGS`]); unset values fall back to the usual AWS variables.
 pub const S3_FLAGS: [(&str, &str); 7] = [
-    ("s3-bucket", "store objects in this S3 bucket instead of <data-dir>/objects"),
-    ("s3-prefix", "prefix of every object key in the bucket (default: none)"),
+    (
+        "s3-bucket",
+        "store objects in this S3 bucket instead of <data-dir>/objects (env NOVA_S3_BUCKET)",
+    ),
+    ("s3-prefix", "prefix of every object key in the bucket (env NOVA_S3_PREFIX; default: none)"),
     (
         "s3-endpoint",
-        "http:// or https:// URL of an S3-compatible server (default: AWS_ENDPOINT_URL_S3, AWS_ENDPOINT_URL, else AWS)",
+        "http:// or https:// URL of an S3-compatible server (env NOVA_S3_ENDPOINT; default: AWS_ENDPOINT_URL_S3, AWS_ENDPOINT_URL, else AWS)",
     ),
-    ("s3-region", "the bucket's region (default: AWS_REGION, else AWS_DEFAULT_REGION)"),
+    (
+        "s3-region",
+        "the bucket's region (env NOVA_S3_REGION; default: AWS_REGION, else AWS_DEFAULT_REGION)",
+    ),
     (
         "s3-path-style",
-        "true: path-style URLs (endpoint/bucket/key), which most S3-compatible servers need (default false)",
+        "true: path-style URLs (endpoint/bucket/key), which most S3-compatible servers need (env NOVA_S3_PATH_STYLE; default false)",
     ),
     ("s3-access-key-id", "access key (default: AWS_ACCESS_KEY_ID)"),
     (
@@ -95,15 +102,42 @@ pub const S3_FLAGS: [(&str, &str); 7] = [
     ),
 ];
 
-/// The S3 object store the flags ask for; None (the node's default, `<data-dir>/objects`)
-/// without `--s3-bucket`. `nova doctor` reads the same flags.
+/// The object-store settings that may come from the environment, and their variables;
+/// the keys come from the AWS variables instead, as every AWS tool reads them.
+pub const S3_ENV_SETTINGS: [(&str, &str); 5] = [
+    ("s3-bucket", "NOVA_S3_BUCKET"),
+    ("s3-prefix", "NOVA_S3_PREFIX"),
+    ("s3-endpoint", "NOVA_S3_ENDPOINT"),
+    ("s3-region", "NOVA_S3_REGION"),
+    ("s3-path-style", "NOVA_S3_PATH_STYLE"),
+];
+
+/// An object-store setting: its flag, else its environment variable (an empty one is
+/// unset), else None.
+fn s3_setting(flags: &[(String, String)], name: &str) -> Option<String> {
+    flag_value(flags, name).map(str::to_owned).or_else(|| {
+        let (_, variable) = S3_ENV_SETTINGS.iter().find(|(flag, _)| *flag == name)?;
+        std::env::var(variable).ok().filter(|value| !value.is_empty())
+    })
+}
+
+/// The S3 object store the flags (or their environment variables) ask for; None (the
+/// node's default, `<data-dir>/objects`) without a bucket. `nova doctor` reads the same.
 pub(crate) fn object_store(
     flags: &[(String, String)],
 ) -> Result<Option<ObjectStoreConfig>, String> {
-    let Some(bucket) = flag_value(flags, "s3-bucket") else {
+    let Some(bucket) = s3_setting(flags, "s3-bucket") else {
         if let Some((name, _)) = flags.iter().find(|(name, _)| name.starts_with("s3-")) {
             return Err(format!(
                 "--{name} needs --s3-bucket (objects go to S3 only with a bucket)"
+            ));
+        }
+        if let Some((_, variable)) =
+            S3_ENV_SETTINGS.iter().find(|(flag, _)| s3_setting(&[], flag).is_some())
+        {
+            return Err(format!(
+                "{variable} is set, but neither --s3-bucket nor NOVA_S3_BUCKET is (objects go \
+                 to S3 only with a bucket)"
             ));
         }
         return Ok(None);
@@ -123,10 +157,10 @@ pub(crate) fn object_store(
         multipart_part_bytes: knob(flags, tuning::S3_MULTIPART_PART_BYTES)?,
         multipart_concurrency: to_usize(knob(flags, tuning::S3_MULTIPART_CONCURRENCY)?),
     };
-    config.prefix = flag_value(flags, "s3-prefix").unwrap_or_default().to_owned();
-    config.endpoint = flag_value(flags, "s3-endpoint").map(str::to_owned);
-    config.region = flag_value(flags, "s3-region").map(str::to_owned);
-    config.path_style = match flag_value(flags, "s3-path-style") {
+    config.prefix = s3_setting(flags, "s3-prefix").unwrap_or_default();
+    config.endpoint = s3_setting(flags, "s3-endpoint");
+    config.region = s3_setting(flags, "s3-region");
+    config.path_style = match s3_setting(flags, "s3-path-style").as_deref() {
         None | Some("false") => false,
         Some("true") => true,
         Some(other) => return Err(format!("--s3-path-style must be true or false, not {other:?}")),

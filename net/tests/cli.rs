@@ -240,6 +240,54 @@ fn serve_refuses_flags_it_cannot_use() {
         assert_eq!(out.status.code(), Some(1), "{flags:?}: {stderr}");
         assert!(stderr.contains(named), "{flags:?}: {stderr}");
     }
+    // The object-store settings' variables are held to the same rules.
+    for (variable, named) in [
+        ("NOVA_S3_PREFIX", "NOVA_S3_PREFIX is set, but neither --s3-bucket nor NOVA_S3_BUCKET"),
+        ("NOVA_S3_PATH_STYLE", "NOVA_S3_PATH_STYLE is set"),
+    ] {
+        let out = Command::new(env!("CARGO_BIN_EXE_nova"))
+            .args(["serve", "--listen", "127.0.0.1:0", "--data-dir"])
+            .arg(tempfile::tempdir().expect("tempdir").path().join("data"))
+            .env(variable, "x")
+            .output()
+            .expect("run nova serve");
+        let stderr = String::from_utf8_lossy(&out.stderr);
+        assert_eq!(out.status.code(), Some(1), "{variable}: {stderr}");
+        assert!(stderr.contains(named), "{variable}: {stderr}");
+    }
+}
+
+/// The object store can be chosen by environment variables alone (NOVA_S3_*, and the
+/// keys from AWS_*), as every other setting can.
+#[test]
+fn serve_takes_the_object_store_from_the_environment() {
+    let moto = s3::testing::Moto::start();
+    moto.create_bucket("nova");
+    let dir = tempfile::tempdir().expect("tempdir");
+    let data = dir.path().join("data");
+    let endpoint = moto.endpoint();
+    let env = [
+        ("NOVA_S3_BUCKET", "nova"),
+        ("NOVA_S3_ENDPOINT", endpoint.as_str()),
+        ("NOVA_S3_REGION", "us-east-1"),
+        ("NOVA_S3_PATH_STYLE", "true"),
+        ("AWS_ACCESS_KEY_ID", "test"),
+        ("AWS_SECRET_ACCESS_KEY", "test"),
+    ];
+    let nova = Nova::start_with(&data, &[], &env);
+    nova.ok("POST", "/v1/buckets/env", Some(r#"{"create_stream_on_append":true}"#), 201);
+    // A standard append is acknowledged once its object is in the store: in S3.
+    nova.ok("POST", "/v1/streams/env/k/records", Some(r#"{"records":[{"body":"a"}]}"#), 200);
+    assert!(!data.join("objects").exists(), "no local object store");
+    // The bucket's listing (moto takes it unsigned) holds it.
+    let authority = endpoint.trim_start_matches("http://");
+    let mut stream = std::net::TcpStream::connect(authority).expect("connect to moto");
+    let list =
+        format!("GET /nova?list-type=2 HTTP/1.1\r\nhost: {authority}\r\nconnection: close\r\n\r\n");
+    stream.write_all(list.as_bytes()).expect("ask for the listing");
+    let mut listing = String::new();
+    std::io::Read::read_to_string(&mut stream, &mut listing).expect("the listing");
+    assert!(listing.contains("<Key>"), "the append's object is in the bucket: {listing}");
 }
 
 #[test]
