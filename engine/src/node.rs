@@ -173,6 +173,10 @@ impl NodeConfig {
             0 => default_shards(),
             n => count(n),
         };
+        (self.first_core, self.uploader.core) = match value(t::PIN_CORES)? {
+            0 => (None, None),
+            _ => pinned_cores(self.shards)?,
+        };
         self.shard.limits.record_bytes_max =
             u32::try_from(value(t::RECORD_BYTES_MAX)?).unwrap_or(u32::MAX);
         self.shard.memory_budget_bytes = value(t::SHARD_MEMORY_BYTES)?;
@@ -221,6 +225,29 @@ pub fn engine_knobs() -> Vec<tuning::Knob> {
         })
         .expect("every knob's default is valid");
     read
+}
+
+/// The cores `--pin-cores` pins to: the first of the shards' (shard i on the i-th core
+/// the process may run on), and the uploader's, the next one if there is one.
+fn pinned_cores(shards: usize) -> std::result::Result<(Option<usize>, Option<usize>), String> {
+    // SAFETY: `cpu_set_t` is plain bits; all zeroes is the empty set.
+    let mut set: libc::cpu_set_t = unsafe { std::mem::zeroed() };
+    // SAFETY: pid 0 is this process; `set` is a valid set of the size passed.
+    if unsafe { libc::sched_getaffinity(0, size_of::<libc::cpu_set_t>(), &mut set) } != 0 {
+        return Err(format!("--pin-cores: {}", std::io::Error::last_os_error()));
+    }
+    let allowed: Vec<usize> = (0..libc::CPU_SETSIZE as usize)
+        // SAFETY: every index is below CPU_SETSIZE.
+        .filter(|&core| unsafe { libc::CPU_ISSET(core, &set) })
+        .collect();
+    let needed = &allowed[..shards.min(allowed.len())];
+    if needed.len() < shards || needed.windows(2).any(|pair| pair[1] != pair[0] + 1) {
+        return Err(format!(
+            "--pin-cores 1 needs a core of its own for each of the {shards} shards (--shards), \
+             consecutive, but nova may run on cores {allowed:?}"
+        ));
+    }
+    Ok((Some(needed[0]), allowed.get(shards).copied()))
 }
 
 /// Every core but one (the uploader's and the metadata thread's), at least one.

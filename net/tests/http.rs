@@ -3445,3 +3445,54 @@ fn a_client_that_stops_reading_its_answer_is_closed_after_the_idle_timeout() {
     assert!((1..page_bytes).contains(&got), "{got} bytes of {page_bytes} bytes of history");
     assert_eq!(nova.metric("nova_http_connections_closed_stalled_total"), 1);
 }
+
+/// `--pin-cores 1` pins shard i to the i-th core nova may run on and the uploader to the
+/// next; without it, each may run on every core. A pinning the cores cannot give is
+/// refused at start, naming the flag.
+#[test]
+fn pin_cores_puts_each_shard_and_the_uploader_on_a_core_of_its_own() {
+    let cores = std::thread::available_parallelism().map_or(1, std::num::NonZero::get);
+    // The cores each thread whose name starts with `thread` may run on (glommio names an
+    // executor's threads after it, with a suffix), one list for all of them.
+    let allowed = |nova: &Nova, thread: &str| -> String {
+        let tasks = std::fs::read_dir(format!("/proc/{}/task", nova.pid())).expect("tasks");
+        let mut lists: Vec<String> = tasks
+            .filter_map(Result::ok)
+            .filter(|task| {
+                std::fs::read_to_string(task.path().join("comm"))
+                    .is_ok_and(|name| name.starts_with(thread))
+            })
+            .map(|task| {
+                let status = std::fs::read_to_string(task.path().join("status")).expect("status");
+                let line = status.lines().find_map(|l| l.strip_prefix("Cpus_allowed_list:"));
+                line.expect("Cpus_allowed_list").trim().to_owned()
+            })
+            .collect();
+        lists.sort();
+        lists.dedup();
+        assert_eq!(lists.len(), 1, "{thread}: {lists:?}");
+        lists.remove(0)
+    };
+    let dir = tempdir();
+    let every = if cores == 1 { "0".to_owned() } else { format!("0-{}", cores - 1) };
+    let nova = Nova::start_with(&dir.path().join("a"), &["--shards", "1"], &[]);
+    assert_eq!(allowed(&nova, "nova-shard-0"), every);
+    assert_eq!(allowed(&nova, "nova-uploader"), every);
+    drop(nova);
+    let nova = Nova::start_with(&dir.path().join("b"), &["--shards", "1", "--pin-cores", "1"], &[]);
+    assert_eq!(allowed(&nova, "nova-shard-0"), "0");
+    if cores > 1 {
+        assert_eq!(allowed(&nova, "nova-uploader"), "1");
+    }
+    drop(nova);
+    let shards = (cores + 1).to_string();
+    let out = std::process::Command::new(env!("CARGO_BIN_EXE_nova"))
+        .args(["serve", "--listen", "127.0.0.1:0", "--pin-cores", "1", "--shards", &shards])
+        .arg("--data-dir")
+        .arg(dir.path().join("c"))
+        .output()
+        .expect("run nova serve");
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert_eq!(out.status.code(), Some(1), "{stderr}");
+    assert!(stderr.contains("--pin-cores 1 needs a core of its own"), "{stderr}");
+}

@@ -110,6 +110,18 @@ pub const SHARDS: Knob = Knob {
     reason: "the design card's thread-per-core shape: one core is left to the uploader and the metadata thread",
 };
 
+/// Whether shards and the uploader are pinned to cores of their own.
+pub const PIN_CORES: Knob = Knob {
+    flag: "pin-cores",
+    env: "NOVA_PIN_CORES",
+    unit: Unit::Count,
+    default: 0,
+    min: 0,
+    max: 1,
+    help: "1: pin shard i to the i-th core nova may run on and the uploader to the next, if there is one (the cores must be consecutive, and at least one per shard); 0: leave the threads to the kernel's scheduler",
+    reason: "pinning keeps a shard's caches and io_uring on one core, which a machine given to nova wants; a shared machine, or one whose other work moves around, is better left to the scheduler",
+};
+
 /// The memory budget of one shard over stored bytes held, with each record's 12-byte
 /// directory entry (sequenced but not yet durable, and cached durable chunks).
 pub const SHARD_MEMORY_BYTES: Knob = Knob {
@@ -440,11 +452,11 @@ pub const RETENTION_INTERVAL_MS: Knob = Knob {
     flag: "retention-interval-ms",
     env: "NOVA_RETENTION_INTERVAL_MS",
     unit: Unit::Milliseconds,
-    default: 1_000,
+    default: 500,
     min: 10,
     max: 3_600_000,
     help: "how often each shard moves the trim watermark of streams with retention_max_age_ms past the records that have aged out",
-    reason: "retention is promised at seconds granularity (retention.md); a check per second is a walk over in-memory chunk lists, and a quiet stream trims on time like a busy one",
+    reason: "retention acts within a second of a record's expiry (decisions.md): a check every half second leaves the pass itself the other half, and each is a walk over in-memory chunk lists, so a quiet stream trims on time like a busy one",
 };
 
 /// How long an object no ref names stays in the store before the auditor deletes it.
@@ -703,6 +715,7 @@ pub const SSE_HEARTBEAT_MS: Knob = Knob {
 pub const KNOBS: &[Knob] = &[
     RECORD_BYTES_MAX,
     SHARDS,
+    PIN_CORES,
     SHARD_MEMORY_BYTES,
     BUFFER_POOL_BYTES,
     EXPRESS_CHUNK_BYTES,
