@@ -205,6 +205,12 @@ impl NodeConfig {
         uploader.backoff_initial = ms(value(t::UPLOAD_BACKOFF_INITIAL_MS)?);
         uploader.backoff_max = ms(value(t::UPLOAD_BACKOFF_MAX_MS)?);
         uploader.drain = ms(value(t::UPLOADER_DRAIN_MS)?);
+        backoff_in_order(
+            uploader.backoff_initial,
+            uploader.backoff_max,
+            t::UPLOAD_BACKOFF_INITIAL_MS,
+            t::UPLOAD_BACKOFF_MAX_MS,
+        )?;
         self.auditor.read_grace = ms(value(t::AUDITOR_READ_GRACE)?);
         self.auditor.interval = ms(value(t::AUDITOR_INTERVAL_MS)?);
         self.local_store.io_concurrency = count(value(t::LOCAL_STORE_IO_CONCURRENCY)?);
@@ -225,6 +231,25 @@ pub fn engine_knobs() -> Vec<tuning::Knob> {
         })
         .expect("every knob's default is valid");
     read
+}
+
+/// Refuses a first backoff longer than the largest it may grow to, naming both flags.
+pub fn backoff_in_order(
+    initial: std::time::Duration,
+    max: std::time::Duration,
+    initial_knob: tuning::Knob,
+    max_knob: tuning::Knob,
+) -> std::result::Result<(), String> {
+    if initial <= max {
+        return Ok(());
+    }
+    Err(format!(
+        "--{} ({} ms) is longer than --{} ({} ms), the largest backoff it grows to",
+        initial_knob.flag,
+        initial.as_millis(),
+        max_knob.flag,
+        max.as_millis()
+    ))
 }
 
 /// The cores `--pin-cores` pins to: the first of the shards' (shard i on the i-th core

@@ -473,18 +473,21 @@ async fn route(
         ["health"] => (
             "health",
             match method {
+                Method::GET | Method::HEAD if let Some(error) = refused => Err(error),
                 Method::GET | Method::HEAD => health(shared, || {
                     authenticate(shared, callers, &request)
                         .is_ok_and(|caller| caller.may(Access::Read, Target::Fleet).is_ok())
                 }),
-                _ => not_allowed("GET"),
+                _ => not_allowed("GET, HEAD"),
             },
         ),
         ["metrics"] => (
             "metrics",
             match method {
-                Method::GET => bare(gate(Access::Read, Target::Fleet), metrics(shared)).await,
-                _ => not_allowed("GET"),
+                Method::GET | Method::HEAD => {
+                    bare(gate(Access::Read, Target::Fleet), metrics(shared)).await
+                }
+                _ => not_allowed("GET, HEAD"),
             },
         ),
         ["v1", "buckets"] => (

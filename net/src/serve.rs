@@ -157,6 +157,12 @@ pub(crate) fn object_store(
         multipart_part_bytes: knob(flags, tuning::S3_MULTIPART_PART_BYTES)?,
         multipart_concurrency: to_usize(knob(flags, tuning::S3_MULTIPART_CONCURRENCY)?),
     };
+    engine::node::backoff_in_order(
+        config.policy.backoff_initial,
+        config.policy.backoff_max,
+        tuning::S3_BACKOFF_INITIAL_MS,
+        tuning::S3_BACKOFF_MAX_MS,
+    )?;
     config.prefix = s3_setting(flags, "s3-prefix").unwrap_or_default();
     config.endpoint = s3_setting(flags, "s3-endpoint");
     config.region = s3_setting(flags, "s3-region");

@@ -225,6 +225,14 @@ fn serve_refuses_flags_it_cannot_use() {
             "--s3-path-style must be true or false",
         ),
         (&["--s3-bucket", ""][..], "--s3-bucket must name a bucket"),
+        (
+            &["--upload-backoff-initial-ms", "6s", "--upload-backoff-max-ms", "10"][..],
+            "--upload-backoff-initial-ms (6000 ms) is longer than --upload-backoff-max-ms (10 ms)",
+        ),
+        (
+            &["--s3-bucket", "b", "--s3-backoff-initial-ms", "2s", "--s3-backoff-max-ms", "1s"][..],
+            "--s3-backoff-initial-ms (2000 ms) is longer than --s3-backoff-max-ms (1000 ms)",
+        ),
         // An unknown flag is named as one, not as one that needs a value.
         (&["--bogus"][..], "unknown flag --bogus"),
         (&["--insecure-no-auth", "maybe"][..], "--insecure-no-auth is true or false"),

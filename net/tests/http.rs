@@ -1217,6 +1217,16 @@ fn health_metrics_and_request_ids(nova: &Nova) {
     assert_eq!(grew("nova_bytes_out_total{"), 5.0, "{after}");
     assert!(text.contains("\nnova_auditor_backlog_seconds 0\n"), "{text}");
     assert!(text.contains("# TYPE nova_uploader_bundles_total counter"), "{text}");
+    // Both answer HEAD, refuse a query parameter as every route does, and name both
+    // methods when refusing another.
+    for path in ["/health", "/metrics"] {
+        let head = nova.call("HEAD", path, None);
+        assert_eq!((head.status, head.body.len()), (200, 0), "{path}");
+        let asked = nova.err("GET", &format!("{path}?x=1"), None, 400, "invalid_argument");
+        assert!(asked["message"].as_str().is_some_and(|m| m.contains("x")), "{asked}");
+        let refused = nova.call("POST", path, None);
+        assert_eq!((refused.status, refused.header("allow")), (405, Some("GET, HEAD")), "{path}");
+    }
 }
 
 #[test]

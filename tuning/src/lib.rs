@@ -17,7 +17,7 @@ pub enum Unit {
     Bytes,
     /// A plain count.
     Count,
-    /// Milliseconds; accepts `ms`, `s`, `m`, `h` suffixes.
+    /// Milliseconds; accepts `ms`, `s`, `m`, `h`, `d` suffixes.
     Milliseconds,
 }
 
@@ -846,7 +846,13 @@ impl std::error::Error for TuningError {}
 impl Knob {
     /// Parses `text` in this knob's unit and checks the range.
     pub fn parse(&self, text: &str) -> Result<u64, TuningError> {
-        let err = |why: String| TuningError { message: format!("--{}: {why}", self.flag) };
+        self.parse_from(text, "")
+    }
+
+    /// [`Knob::parse`], whose refusal names where the text came from (`from`, after the
+    /// flag) when that was not the flag.
+    fn parse_from(&self, text: &str, from: &str) -> Result<u64, TuningError> {
+        let err = |why: String| TuningError { message: format!("--{}{from}: {why}", self.flag) };
         let text = text.trim();
         let split = text.find(|c: char| !c.is_ascii_digit()).unwrap_or(text.len());
         let (digits, suffix) = text.split_at(split);
@@ -862,6 +868,7 @@ impl Knob {
             (Unit::Milliseconds, "s") => 1_000,
             (Unit::Milliseconds, "m") => 60_000,
             (Unit::Milliseconds, "h") => 3_600_000,
+            (Unit::Milliseconds, "d") => 86_400_000,
             (unit, other) => {
                 return Err(err(format!("unknown suffix {other:?} for {}", unit.name())));
             }
@@ -880,9 +887,12 @@ impl Knob {
 
     /// The value from the flag if given, else from the environment, else the default.
     pub fn resolve(&self, flag_value: Option<&str>) -> Result<u64, TuningError> {
-        match flag_value.map(str::to_owned).or_else(|| std::env::var(self.env).ok()) {
-            Some(text) => self.parse(&text),
-            None => Ok(self.default),
+        if let Some(text) = flag_value {
+            return self.parse(text);
+        }
+        match std::env::var(self.env) {
+            Ok(text) => self.parse_from(&text, &format!(" (from {})", self.env)),
+            Err(_) => Ok(self.default),
         }
     }
 }
@@ -975,6 +985,22 @@ mod tests {
     #[test]
     fn flag_wins_over_default() {
         assert_eq!(RECORD_BYTES_MAX.resolve(Some("1KiB")), Ok(1024));
+    }
+
+    /// A value from the environment is refused naming its variable too, and the flag
+    /// wins over it; a day is a unit of time.
+    #[test]
+    fn the_environment_is_named_when_its_value_is_refused() {
+        // SAFETY: nextest runs each test in a process of its own, and nothing else here
+        // reads this variable.
+        unsafe { std::env::set_var(AUDITOR_READ_GRACE.env, "8d") };
+        let err = AUDITOR_READ_GRACE.resolve(None).expect_err("over the range");
+        let from = "--auditor-read-grace (from NOVA_AUDITOR_READ_GRACE): ";
+        assert!(err.message.starts_with(from), "{err}");
+        assert_eq!(AUDITOR_READ_GRACE.resolve(Some("7d")), Ok(7 * 86_400_000));
+        // SAFETY: as above.
+        unsafe { std::env::set_var(AUDITOR_READ_GRACE.env, "1d") };
+        assert_eq!(AUDITOR_READ_GRACE.resolve(None), Ok(86_400_000));
     }
 
     #[test]
