@@ -15,7 +15,7 @@ mod objects;
 
 use std::process::ExitCode;
 
-const USAGE: &str = "usage: bench <codec|journal|engine|objects|http|all> [--quick]
+const USAGE: &str = "usage: bench <codec|journal|engine|objects|http|all> [--quick] [--objects-dir=DIR] [--write-doc]
 
   codec   stored-record encode and validate-decode, chunk build and chunk parse (CRCs),
           each in GB/s and as a ratio to memcpy of the same bytes in the same run
@@ -40,7 +40,8 @@ const USAGE: &str = "usage: bench <codec|journal|engine|objects|http|all> [--qui
           cost of writing objects from the disk's)
   --write-doc
           also write the run's tables, with the machine's description, into
-          docs/benchmarks.md between its `bench:latest` markers (run from the workspace)";
+          docs/benchmarks.md between its `bench:latest` markers (run from the workspace)
+  --help  this text";
 
 /// Where `--write-doc` puts the latest run, between these markers.
 const DOC: &str = "docs/benchmarks.md";
@@ -52,30 +53,82 @@ const END: &str = "<!-- bench:latest:end -->";
 #[global_allocator]
 static ALLOCATOR: ::engine::aligned::PoolingAllocator = ::engine::aligned::PoolingAllocator;
 
+/// Every suite, in the order `all` runs them.
+const SUITES: [&str; 5] = ["codec", "journal", "engine", "objects", "http"];
+
+/// What the command line asks for.
+#[derive(Debug, PartialEq, Eq)]
+enum Command {
+    Help,
+    Run(Options),
+}
+
+#[derive(Debug, Default, PartialEq, Eq)]
+struct Options {
+    suites: Vec<&'static str>,
+    quick: bool,
+    objects_dir: Option<std::path::PathBuf>,
+    write_doc: bool,
+}
+
+/// Parses the arguments after the program name; an error names what is wrong. Every
+/// flag is checked, so a typo (`--quik`) is refused instead of starting a full run.
+fn parse(args: &[String]) -> Result<Command, String> {
+    let mut options = Options::default();
+    let mut suite = None;
+    for arg in args {
+        match arg.as_str() {
+            "--help" | "-h" => return Ok(Command::Help),
+            "--quick" => options.quick = true,
+            "--write-doc" => options.write_doc = true,
+            flag if flag.starts_with("--objects-dir") => {
+                match flag.strip_prefix("--objects-dir=") {
+                    Some(dir) if !dir.is_empty() => options.objects_dir = Some(dir.into()),
+                    _ => return Err("--objects-dir needs a directory: --objects-dir=DIR".into()),
+                }
+            }
+            flag if flag.starts_with('-') => return Err(format!("unknown flag {flag}")),
+            name => {
+                if let Some(first) = suite {
+                    return Err(format!("one suite at a time (or all), not {first} and {name}"));
+                }
+                suite = Some(name);
+            }
+        }
+    }
+    options.suites = match suite {
+        Some("all") => SUITES.to_vec(),
+        Some(name) => match SUITES.iter().find(|s| **s == name) {
+            Some(one) => vec![*one],
+            None => return Err(format!("unknown suite {name}")),
+        },
+        None => return Err("which suite?".into()),
+    };
+    Ok(Command::Run(options))
+}
+
 fn main() -> ExitCode {
     let args: Vec<String> = std::env::args().skip(1).collect();
-    if args.iter().any(|a| a == "--write-doc") {
-        return write_doc(&args);
-    }
-    let quick = args.iter().any(|a| a == "--quick");
-    let objects_dir =
-        args.iter().find_map(|a| a.strip_prefix("--objects-dir=")).map(std::path::Path::new);
-    let suites: Vec<&str> =
-        args.iter().map(String::as_str).filter(|a| !a.starts_with("--")).collect();
-    let all = ["codec", "journal", "engine", "objects", "http"];
-    let chosen: Vec<&str> = match suites.as_slice() {
-        ["all"] => all.to_vec(),
-        [one] if all.contains(one) => vec![*one],
-        _ => {
-            eprintln!("{USAGE}");
+    let options = match parse(&args) {
+        Ok(Command::Help) => {
+            println!("{USAGE}");
+            return ExitCode::SUCCESS;
+        }
+        Ok(Command::Run(options)) => options,
+        Err(why) => {
+            eprintln!("bench: {why}\n\n{USAGE}");
             return ExitCode::from(2);
         }
     };
-    for suite in chosen {
+    if options.write_doc {
+        return write_doc(&args);
+    }
+    let quick = options.quick;
+    for suite in options.suites {
         match suite {
             "codec" => codec::run(quick),
             "journal" => journal::run(quick),
-            "engine" => engine::run(quick, objects_dir),
+            "engine" => engine::run(quick, options.objects_dir.as_deref()),
             "objects" => objects::run(quick),
             "http" => {
                 if let Err(why) = http::run(quick) {
@@ -155,4 +208,59 @@ fn machine() -> String {
         "Machine: {model}, {cores} cores, {memory} memory, kernel {}; run at unix time {when}.",
         kernel.trim()
     )
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn parse(args: &[&str]) -> Result<Command, String> {
+        super::parse(&args.iter().map(|a| a.to_string()).collect::<Vec<_>>())
+    }
+
+    #[test]
+    fn every_flag_is_checked() {
+        let run = |args: &[&str]| match parse(args) {
+            Ok(Command::Run(options)) => options,
+            other => panic!("{args:?}: {other:?}"),
+        };
+        let o = run(&["codec", "--quick"]);
+        assert_eq!((o.suites, o.quick, o.write_doc), (vec!["codec"], true, false));
+        let o = run(&["--write-doc", "all", "--objects-dir=/tmp/x"]);
+        assert_eq!(o.suites, SUITES.to_vec());
+        assert_eq!(o.objects_dir.as_deref(), Some(std::path::Path::new("/tmp/x")));
+        assert!(o.write_doc);
+        assert_eq!(parse(&["--help"]), Ok(Command::Help));
+        assert_eq!(parse(&["codec", "--quik"]), Err("unknown flag --quik".into()));
+        assert_eq!(
+            parse(&["codec", "--quick", "--no-such-flag"]),
+            Err("unknown flag --no-such-flag".into())
+        );
+        assert!(parse(&["codex"]).unwrap_err().contains("codex"));
+        assert!(parse(&["codec", "http"]).is_err());
+        assert!(parse(&["--quick"]).is_err());
+        assert!(parse(&["engine", "--objects-dir"]).unwrap_err().contains("--objects-dir=DIR"));
+    }
+
+    /// Only what `--write-doc` writes sits between the markers (it replaces all of it):
+    /// a section written by hand there would be lost to the next run.
+    #[test]
+    fn only_the_latest_run_is_between_the_doc_markers() {
+        let doc = std::fs::read_to_string(concat!(
+            env!("CARGO_MANIFEST_DIR"),
+            "/../",
+            "docs/benchmarks.md"
+        ))
+        .expect("read docs/benchmarks.md");
+        let (begin, end) =
+            (doc.find(BEGIN).expect("the begin marker"), doc.find(END).expect("the end marker"));
+        assert!(begin < end);
+        let latest = &doc[begin + BEGIN.len()..end];
+        assert!(
+            latest.starts_with("\n## Latest run: "),
+            "by hand between the markers: {}",
+            &latest[..latest.len().min(200)]
+        );
+        assert_eq!(latest.matches("\n## ").count(), 1, "one generated section");
+    }
 }

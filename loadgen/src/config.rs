@@ -33,7 +33,8 @@ workload:
   --warmup D                time before measuring (default 2s)
   --drain D                 after sending stops, how long to wait for the acknowledgements in
                             flight and for followers to reach the final tails; also the most
-                            any read of a call outside the load waits (default 30s)
+                            any read of a follower or of a call outside the load waits
+                            (default 30s)
   --class standard|express  storage class of the streams (default standard)
   --format binary|json      append and read encoding (default binary)
   --connections N           append connections per stream (default 1); a nova shard serves
@@ -54,7 +55,8 @@ output:
 
 exit status: 0 every append and read was served (and verified, with --verify); 1 could not
 run; 2 verification failed; 3 some appends or reads failed (counted in the report);
-130 / 143 interrupted by SIGINT / SIGTERM
+4 verification incomplete (some stream could not be read to its tail; nothing wrong found
+in what was read); 130 / 143 interrupted by SIGINT / SIGTERM
 ";
 
 /// Where the server is.

@@ -3,9 +3,16 @@
 //!
 //! End-to-end latency is a record's delivery to the subscriber minus the intended send
 //! time its body carries (payload.rs), both on the run's clock.
+//!
+//! Both read through a client whose every read waits at most `--drain` and that never
+//! repeats a call that timed out ([`retried`]): once the producers are done, a server
+//! that stops answering ends a follower within `--drain`, and the read-back at the first
+//! read that waited that long. The read-back reads plain pages up to the tail measured
+//! at the end of the load, never waiting for records: what is missing below that tail
+//! (trimmed, lost) is reported, not waited for.
 
-use std::sync::atomic::Ordering;
-use std::time::Instant;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::time::{Duration, Instant};
 
 use hdrhistogram::Histogram;
 use net::client::{Client, Format, ReadOptions, Start, SubscriptionEvent};
@@ -24,115 +31,176 @@ pub struct ConsumerOutcome {
 }
 
 /// Follows `spec` from its first record until it has seen the stream's final tail (set in
-/// `shared.final_tails` once the producers are done).
+/// `shared.final_tails` once the producers are done). `client`'s reads wait at most
+/// `--drain`: a subscription that waited that long (an idle stream against a server
+/// whose heartbeats are further apart, or a server that stopped answering) is opened
+/// again where it was while the producers run, and ends the follower once they are done.
 pub fn follow(shared: &Shared, client: &Client, spec: &StreamSpec) -> ConsumerOutcome {
     let clock = shared.clock;
+    let drain = shared.config.drain;
     let mut series = Series::new(&shared.e2e_intervals);
     let mut delivered = 0;
-    let mut error = None;
     let sse = client.format() == Format::Json;
     let final_tail = &shared.final_tails[spec.number as usize];
     let reached = |next: u64| next >= final_tail.load(Ordering::Acquire);
-    match client.subscribe(&spec.address, &ReadOptions::from_seq_num(spec.base_seq), sse) {
-        Err(e) => error = Some(format!("{}: subscribe: {e}", spec.address)),
-        Ok(subscription) => {
-            let mut next_seq = spec.base_seq;
-            for event in subscription {
-                match event {
-                    Ok(SubscriptionEvent::Records { records, .. }) => {
-                        let now_ns = clock.unix_ns(Instant::now());
-                        for r in &records {
-                            let Some(p) = Payload::parse(&r.body) else { continue };
-                            if p.stream != spec.number {
-                                continue;
-                            }
-                            let latency_us = now_ns.saturating_sub(p.sent_unix_ns) / 1000;
-                            series.record(
-                                clock.second_of_unix(p.sent_unix_ns),
-                                latency_us,
-                                clock.measured_unix(p.sent_unix_ns),
-                            );
+    let producers_done_for =
+        || shared.producers_done_at.lock().unwrap_or_else(|e| e.into_inner()).map(|t| t.elapsed());
+    let mut next_seq = spec.base_seq;
+    let error = 'follow: loop {
+        let options = ReadOptions::from_seq_num(next_seq);
+        let subscription = match retried(drain, || client.subscribe(&spec.address, &options, sse)) {
+            Ok(subscription) => subscription,
+            Err(e) if e.timed_out() && producers_done_for().is_none() => continue,
+            Err(e) => break Some(format!("{}: subscribe: {e}", spec.address)),
+        };
+        for event in subscription {
+            match event {
+                Ok(SubscriptionEvent::Records { records, .. }) => {
+                    let now_ns = clock.unix_ns(Instant::now());
+                    for r in &records {
+                        let Some(p) = Payload::parse(&r.body) else { continue };
+                        if p.stream != spec.number {
+                            continue;
                         }
-                        delivered += records.len() as u64;
-                        shared.delivered_records.fetch_add(records.len() as u64, Ordering::Relaxed);
-                        shared
-                            .timeline
-                            .delivered(clock.second(Instant::now()), records.len() as u64);
-                        if let Some(last) = records.last() {
-                            next_seq = last.seq_num + 1;
-                        }
+                        let latency_us = now_ns.saturating_sub(p.sent_unix_ns) / 1000;
+                        series.record(
+                            clock.second_of_unix(p.sent_unix_ns),
+                            latency_us,
+                            clock.measured_unix(p.sent_unix_ns),
+                        );
                     }
-                    Ok(SubscriptionEvent::Heartbeat { .. }) => {}
-                    Err(e) => {
-                        error = Some(format!("{}: subscription: {e}", spec.address));
-                        break;
+                    delivered += records.len() as u64;
+                    shared.delivered_records.fetch_add(records.len() as u64, Ordering::Relaxed);
+                    shared.timeline.delivered(clock.second(Instant::now()), records.len() as u64);
+                    if let Some(last) = records.last() {
+                        next_seq = last.seq_num + 1;
                     }
                 }
-                if reached(next_seq) {
-                    break;
-                }
-                let done_at = shared.producers_done_at.lock().unwrap_or_else(|e| e.into_inner());
-                let drain = shared.config.drain;
-                if done_at.is_some_and(|t| t.elapsed() > drain) {
-                    error = Some(format!(
-                        "{}: the subscription did not reach the tail within {drain:?} of the end (--drain)",
-                        spec.address
-                    ));
-                    break;
-                }
+                Ok(SubscriptionEvent::Heartbeat { .. }) => {}
+                // Nothing came for --drain: while the producers run, that is an idle
+                // stream (or a server stalled for a while), so go on where it was.
+                Err(e) if e.timed_out() && producers_done_for().is_none() => continue 'follow,
+                Err(e) if e.timed_out() && reached(next_seq) => break 'follow None,
+                Err(e) => break 'follow Some(format!("{}: subscription: {e}", spec.address)),
+            }
+            if reached(next_seq) {
+                break 'follow None;
+            }
+            if producers_done_for().is_some_and(|t| t > drain) {
+                break 'follow Some(format!(
+                    "{}: the subscription did not reach the tail within {drain:?} of the end (--drain)",
+                    spec.address
+                ));
             }
         }
-    }
+        // The server ended the subscription (it has no bound): nothing more will come.
+        break None;
+    };
     ConsumerOutcome { e2e: series.finish(), delivered, error }
 }
 
-/// What a read-back found.
+/// What the read-back of one stream found.
 #[derive(Clone, Debug, Default)]
 pub struct ReadBack {
     pub records: u64,
     pub bytes: u64,
+    /// Where the read got to: every record of the stream below it was read (or had been
+    /// trimmed away); the tail when it completed.
+    pub next_seq_num: u64,
+    /// Why it stopped before the tail, if it did (the stream not named): the records
+    /// from `next_seq_num` on were not read.
+    pub incomplete: Option<String>,
 }
 
-/// Reads `spec` from its first record up to `tail` (exclusive), feeding `checker`; gives
-/// up when `interrupt` is set.
+/// Reads `spec` from its first record up to `tail` (exclusive) in plain pages that never
+/// wait for records, feeding `checker`. It ends at `tail` even where the stream holds
+/// less below it (trimmed records are skipped by the server, a page's `next_seq_num`
+/// jumping over them): the checker then finds them lost. It stops early, saying why in
+/// [`ReadBack::incomplete`] with the counts read so far, when a read fails, when
+/// `interrupt` is set, or when `silent` says another read found the server not answering
+/// within the client's timeout (which this one sets when it finds so), so a stalled
+/// server holds the read-back at most one read's timeout.
 pub fn read_back(
     client: &Client,
     spec: &StreamSpec,
     tail: u64,
     mut checker: Option<&mut Checker>,
     interrupt: &Interrupt,
-) -> Result<ReadBack, String> {
-    let mut out = ReadBack::default();
-    if tail <= spec.base_seq {
-        return Ok(out);
-    }
-    let options = ReadOptions {
-        start: Start::SeqNum(spec.base_seq),
-        count: Some(tail - spec.base_seq),
-        ..ReadOptions::default()
-    };
-    let sse = client.format() == Format::Json;
-    let subscription = client
-        .subscribe(&spec.address, &options, sse)
-        .map_err(|e| format!("{}: read back: {e}", spec.address))?;
-    for event in subscription {
+    silent: &AtomicBool,
+    drain: Duration,
+) -> ReadBack {
+    let mut out = ReadBack { next_seq_num: spec.base_seq, ..ReadBack::default() };
+    let address = &spec.address;
+    while out.next_seq_num < tail {
+        let next = out.next_seq_num;
         if let Some(signal) = interrupt.signal() {
             let signal = crate::interrupt::signal_name(signal);
-            return Err(format!("{}: read back: interrupted ({signal})", spec.address));
+            out.incomplete = Some(format!("interrupted ({signal})"));
+            break;
         }
-        match event {
-            Ok(SubscriptionEvent::Records { records, .. }) => {
-                for r in &records {
-                    out.records += 1;
-                    out.bytes += r.body.len() as u64;
-                    if let Some(c) = checker.as_deref_mut() {
-                        c.record(r.seq_num, &r.body);
-                    }
+        if silent.load(Ordering::Relaxed) {
+            out.incomplete = Some(format!(
+                "not read from seq_num {next}: another read found the server not answering within {drain:?} (--drain)"
+            ));
+            break;
+        }
+        let options = ReadOptions {
+            start: Start::SeqNum(next),
+            // The server cuts a page at its own limits.
+            count: Some(tail - next),
+            ..ReadOptions::default()
+        };
+        let page = match retried(drain, || client.read(address, &options)) {
+            Ok(page) => page,
+            Err(e) => {
+                if e.timed_out() {
+                    silent.store(true, Ordering::Relaxed);
                 }
+                out.incomplete = Some(format!("read from seq_num {next}: {e}"));
+                break;
             }
-            Ok(SubscriptionEvent::Heartbeat { .. }) => {}
-            Err(e) => return Err(format!("{}: read back: {e}", spec.address)),
+        };
+        for r in page.records.iter().filter(|r| r.seq_num < tail) {
+            out.records += 1;
+            out.bytes += r.body.len() as u64;
+            if let Some(c) = checker.as_deref_mut() {
+                c.record(r.seq_num, &r.body);
+            }
         }
+        if page.next_seq_num <= next {
+            out.incomplete = Some(format!(
+                "the read from seq_num {next} came back empty, below the tail {tail} checked at the end of the load"
+            ));
+            break;
+        }
+        out.next_seq_num = page.next_seq_num.min(tail);
     }
-    Ok(out)
+    out
+}
+
+/// Attempts of a call after the load, [`retried`].
+const ATTEMPTS: u32 = 3;
+
+/// Runs `call` (one that is safe to repeat, on a client that makes one attempt) up to
+/// [`ATTEMPTS`] times while it fails transiently ([`net::client::Error::transient`]),
+/// except after a timeout: a server that did not answer within `--drain` is not given
+/// another `--drain`, so the end of a run stays bounded. Waits 50 ms, doubled each time,
+/// or the server's `Retry-After` (at most `drain`) between attempts.
+pub fn retried<T>(
+    drain: Duration,
+    mut call: impl FnMut() -> net::client::Result<T>,
+) -> net::client::Result<T> {
+    let mut backoff = Duration::from_millis(50);
+    let mut attempt = 1;
+    loop {
+        let wait = match call() {
+            Err(e) if attempt < ATTEMPTS && e.transient() && !e.timed_out() => {
+                e.retry_after().min(drain)
+            }
+            other => return other,
+        };
+        std::thread::sleep(backoff.max(wait));
+        backoff *= 2;
+        attempt += 1;
+    }
 }

@@ -2,10 +2,12 @@
 //!
 //! Exit status: 0 when the run completed with every append and read served (and verified,
 //! with --verify); 1 when it could not run (bad arguments, no server, a report that could
-//! not be written); 2 when verification found a problem; 3 when some appends or reads
-//! failed (refused, or unanswered by the drain: the report counts and names them);
-//! 128 + the signal's number (130, 143) when SIGINT or SIGTERM ended it early (its report
-//! is still printed and written).
+//! not be written); 2 when verification found a problem; 4 when verification could not
+//! read every stream to its tail and found nothing wrong in what it read (incomplete: not
+//! verified); 3 when some appends or reads failed (refused, or unanswered by the drain:
+//! the report counts and names them); 128 + the signal's number (130, 143) when SIGINT or
+//! SIGTERM ended it early (its report is still printed and written). The first that
+//! applies, in that order from 128 + N: 2, 4, 3, 1.
 
 use std::process::ExitCode;
 
@@ -88,6 +90,9 @@ fn main() -> ExitCode {
     }
     if outcome.verify_failed() {
         return ExitCode::from(2);
+    }
+    if outcome.verify_incomplete() {
+        return ExitCode::from(4);
     }
     if outcome.had_errors() {
         return ExitCode::from(3);

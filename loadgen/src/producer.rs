@@ -12,13 +12,19 @@
 //! at the end; what the open-loop schedule called for before it and could not send counts
 //! as behind schedule, and the acknowledgements still due are collected for at most
 //! `--drain` (`Config::drain`).
+//!
+//! Every batch the open-loop schedule calls for before the end is accounted for: sent
+//! (then acknowledged or failed), behind schedule, or abandoned with its stream (a stream
+//! whose append session failed and could not be reopened stops sending; the producer
+//! keeps the schedule to the end, so what it called for still counts, in the latencies
+//! too).
 
 use std::collections::VecDeque;
 use std::sync::atomic::Ordering;
 use std::time::{Duration, Instant};
 
 use hdrhistogram::Histogram;
-use net::client::{Address, AppendSession, Batch, Client, Conditions, SessionAck};
+use net::client::{Address, AppendSession, Batch, Client, Conditions, Error, SessionAck};
 
 use crate::config::{Load, RecordBytes};
 use crate::payload::{self, Payload};
@@ -44,10 +50,17 @@ pub struct ProducerOutcome {
     pub measured_bytes: u64,
     pub sent_batches: u64,
     pub acked_batches: u64,
+    /// Sent and answered with an error (refused, or cut off with their connection), or
+    /// unanswered by `--drain`.
     pub failed_batches: u64,
+    /// Of the failed: unanswered by `--drain` (the rest were answered with an error).
+    pub unanswered_batches: u64,
     /// Batches the schedule called for before the end that were never sent because the
     /// producer was blocked, every slot taken, when the end came (open loop).
     pub unsent_batches: u64,
+    /// Batches the schedule called for before the end that were never sent because their
+    /// stream had failed (its append session could not be reopened; open loop).
+    pub abandoned_batches: u64,
     pub errors: Vec<String>,
 }
 
@@ -133,7 +146,9 @@ pub fn run(shared: &Shared, client: &Client, specs: Vec<StreamSpec>, seed: u64) 
             sent_batches: 0,
             acked_batches: 0,
             failed_batches: 0,
+            unanswered_batches: 0,
             unsent_batches: 0,
+            abandoned_batches: 0,
             errors: Vec::new(),
         },
     };
@@ -177,11 +192,14 @@ pub fn run(shared: &Shared, client: &Client, specs: Vec<StreamSpec>, seed: u64) 
         Load::Open { .. } => {
             p.open_loop(&mut streams, interval);
             let window_end = p.window_end;
-            p.out.unsent_batches = streams
-                .iter()
-                .filter(|s| !s.dead)
-                .map(|s| unsent(s.next_due, window_end, interval))
-                .sum();
+            for s in &streams {
+                let never_sent = unsent(s.next_due, window_end, interval);
+                if s.dead {
+                    p.out.abandoned_batches += never_sent;
+                } else {
+                    p.out.unsent_batches += never_sent;
+                }
+            }
             p.record_unsent(&streams, interval);
         }
         Load::Closed => p.closed_loop(&mut streams),
@@ -219,7 +237,9 @@ impl Producer<'_> {
     /// Sends each stream's batches at their scheduled times until the end (of the window:
     /// an interrupt brings it forward). A batch waits for a free slot (every stream of the
     /// producer waits with it) no later than the end: there the producer stops, and [`run`]
-    /// counts what the schedule still called for as behind schedule.
+    /// counts what the schedule still called for as behind schedule. A batch that could
+    /// not be submitted keeps its place in the schedule: it goes out on the reopened
+    /// session, or, its stream dead, counts as abandoned with those after it.
     fn open_loop(&mut self, streams: &mut [StreamState], interval: Duration) {
         let in_flight = self.shared.config.in_flight;
         loop {
@@ -228,6 +248,9 @@ impl Producer<'_> {
                 .filter(|&i| !streams[i].dead)
                 .min_by_key(|&i| streams[i].next_due)
             else {
+                // Every stream failed: the schedule still runs to the end, so what it
+                // called for counts with the time it waited by then.
+                self.wait_for_the_end(streams);
                 return;
             };
             let due = streams[i].next_due;
@@ -264,8 +287,22 @@ impl Producer<'_> {
                 return;
             }
             streams[i].next_lane = (lane + 1) % streams[i].lanes.len();
-            self.send(&mut streams[i], lane, due);
-            streams[i].next_due += interval;
+            if self.send(&mut streams[i], lane, due) {
+                streams[i].next_due += interval;
+            }
+        }
+    }
+
+    /// Collects acknowledgements until the end of the window (an interrupt brings it
+    /// forward).
+    fn wait_for_the_end(&mut self, streams: &mut [StreamState]) {
+        loop {
+            self.drain(streams);
+            let now = Instant::now();
+            if self.stopping() || now >= self.window_end {
+                return;
+            }
+            std::thread::sleep((self.window_end - now).min(Duration::from_millis(20)));
         }
     }
 
@@ -277,7 +314,10 @@ impl Producer<'_> {
             for s in streams.iter_mut().filter(|s| !s.dead) {
                 live = true;
                 for lane in 0..s.lanes.len() {
-                    while s.lanes[lane].in_flight.len() < in_flight && Instant::now() < end {
+                    while !s.dead
+                        && s.lanes[lane].in_flight.len() < in_flight
+                        && Instant::now() < end
+                    {
                         self.send(s, lane, Instant::now());
                     }
                 }
@@ -299,16 +339,17 @@ impl Producer<'_> {
         }
     }
 
-    /// Batches the schedule called for before the end and never sent still count in the
-    /// latencies, each with the time it had waited when sending stopped (a lower bound):
-    /// otherwise a stall over the end of the run would leave only the batches that got
-    /// through in the percentiles (coordinated omission).
+    /// Batches the schedule called for before the end and never sent (behind schedule, or
+    /// abandoned with their stream) still count in the latencies, each with the time it
+    /// had waited when sending stopped (a lower bound): otherwise a stall over the end of
+    /// the run, or a stream that failed, would leave only the batches that got through in
+    /// the percentiles (coordinated omission).
     fn record_unsent(&mut self, streams: &[StreamState], interval: Duration) {
         if interval.is_zero() {
             return;
         }
         let stopped = Instant::now();
-        for s in streams.iter().filter(|s| !s.dead) {
+        for s in streams {
             let mut intended = s.next_due;
             while intended < self.window_end {
                 self.record_waited(intended, stopped);
@@ -360,6 +401,7 @@ impl Producer<'_> {
                 // apply what it read (verification allows both).
                 lane.session = None;
                 self.out.failed_batches += unanswered;
+                self.out.unanswered_batches += unanswered;
                 self.error(format!(
                     "{}: {unanswered} batches unanswered {drain:?} after sending stopped (--drain; counted failed)",
                     s.spec.address
@@ -395,8 +437,10 @@ impl Producer<'_> {
     }
 
     /// Frames the stream's next batch, intended for `intended`, and submits it on
-    /// connection `lane_no`.
-    fn send(&mut self, s: &mut StreamState, lane_no: usize, intended: Instant) {
+    /// connection `lane_no`; whether it went out. One that did not is not counted here:
+    /// its session is reopened for it (or the stream is dead), and the caller sends it
+    /// again or counts it.
+    fn send(&mut self, s: &mut StreamState, lane_no: usize, intended: Instant) -> bool {
         let verify = self.shared.config.verify;
         let sent_unix_ns = self.shared.clock.unix_ns(intended);
         self.batch.clear();
@@ -414,13 +458,13 @@ impl Producer<'_> {
             if let Err(e) = self.batch.push::<&[u8], &[u8]>(&[], &self.body) {
                 self.error(format!("{}: frame a record: {e}", s.spec.address));
                 s.dead = true;
-                return;
+                return false;
             }
         }
         let count = self.batch.len() as u64;
         let Some(session) = s.lanes.get_mut(lane_no).and_then(|l| l.session.as_mut()) else {
             s.dead = true;
-            return;
+            return false;
         };
         let submitted = Instant::now();
         match session.submit(&self.batch, &Conditions::default()) {
@@ -437,6 +481,13 @@ impl Producer<'_> {
                     bytes,
                     digests,
                 });
+                true
+            }
+            Err(e @ Error::Invalid(_)) => {
+                // Loadgen's own batch refused before it was sent: every one would be.
+                self.error(format!("{}: submit: {e}", s.spec.address));
+                s.dead = true;
+                false
             }
             Err(e) => {
                 // The session is closed: collect what it still answers, then reopen.
@@ -453,6 +504,7 @@ impl Producer<'_> {
                         s.dead = true;
                     }
                 }
+                false
             }
         }
     }

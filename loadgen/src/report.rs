@@ -61,6 +61,7 @@ pub fn to_json(o: &Outcome) -> Value {
             "seconds": r.seconds,
             "records_per_second": r.records as f64 / r.seconds.max(1e-9),
             "mib_per_second": r.bytes as f64 / r.seconds.max(1e-9) / 1048576.0,
+            "complete": r.errors.is_empty(),
             "errors": r.errors,
         })
     });
@@ -75,10 +76,11 @@ pub fn to_json(o: &Outcome) -> Value {
                     "reordered": v.reordered, "foreign": v.foreign, "corrupt": v.corrupt,
                     "unacknowledged_present": v.unacknowledged_present,
                     "chain_matches": v.chain_matches, "examples": v.examples,
+                    "complete": v.incomplete.is_none(), "incomplete": v.incomplete,
                 })
             })
             .collect();
-        json!({"ok": !o.verify_failed(), "streams": streams})
+        json!({"ok": verify_outcome(o) == "ok", "outcome": verify_outcome(o), "streams": streams})
     });
     let interrupted = o
         .interrupted
@@ -94,8 +96,10 @@ pub fn to_json(o: &Outcome) -> Value {
             "duration_seconds": c.duration.as_secs_f64(), "warmup_seconds": c.warmup.as_secs_f64(),
         },
         "appends": {
+            "scheduled_batches": o.scheduled_batches(),
             "sent_batches": o.sent_batches, "acked_batches": o.acked_batches,
-            "failed_batches": o.failed_batches, "unsent_batches": o.unsent_batches,
+            "failed_batches": o.failed_batches, "unanswered_batches": o.unanswered_batches,
+            "unsent_batches": o.unsent_batches, "abandoned_batches": o.abandoned_batches,
             "measured_records": o.measured_records, "measured_bytes": o.measured_bytes,
             "records_per_second": per_second(o.measured_records, secs),
             "mib_per_second": per_second(o.measured_bytes, secs) / 1048576.0,
@@ -113,6 +117,18 @@ pub fn to_json(o: &Outcome) -> Value {
         },
         "errors": o.errors,
     })
+}
+
+/// Verification's result: `ok`, `failed` (something wrong in what was read) or
+/// `incomplete` (some stream not read to its tail, nothing wrong in what was).
+fn verify_outcome(o: &Outcome) -> &'static str {
+    if o.verify_failed() {
+        "failed"
+    } else if o.verify_incomplete() {
+        "incomplete"
+    } else {
+        "ok"
+    }
 }
 
 pub fn summary(o: &Outcome) -> String {
@@ -139,16 +155,26 @@ pub fn summary(o: &Outcome) -> String {
             if c.catch_up || c.verify { ", no read-back" } else { "" }
         );
     }
+    let scheduled = o.scheduled_batches().map_or_else(String::new, |n| format!("{n} scheduled: "));
     let _ = writeln!(
         s,
-        "appends: {:.0} records/s, {:.1} MiB/s acknowledged over {secs:.1} s measured ({} batches sent, {} acked, {} failed, {} behind schedule at the end)",
+        "appends: {:.0} records/s, {:.1} MiB/s acknowledged over {secs:.1} s measured ({scheduled}{} batches sent, {} acked, {} failed, {} behind schedule at the end, {} abandoned with their failed stream)",
         per_second(o.measured_records, secs),
         per_second(o.measured_bytes, secs) / 1048576.0,
         o.sent_batches,
         o.acked_batches,
         o.failed_batches,
         o.unsent_batches,
+        o.abandoned_batches,
     );
+    if o.failed_batches > 0 {
+        let _ = writeln!(
+            s,
+            "failed: {} answered with an error (refused, or cut off with their connection; not in the latencies), {} unanswered by --drain (in the latencies with their wait)",
+            o.failed_batches - o.unanswered_batches,
+            o.unanswered_batches,
+        );
+    }
     let _ = writeln!(
         s,
         "\n{:<22}{:>10}{:>10}{:>10}{:>10}{:>10}{:>10}{:>12}",
@@ -167,19 +193,25 @@ pub fn summary(o: &Outcome) -> String {
     if let Some(r) = &o.read_back {
         let _ = writeln!(
             s,
-            "\nread back from the first record: {} records, {:.1} MiB in {:.2} s: {:.0} records/s, {:.1} MiB/s",
+            "\nread back from the first record{}: {} records, {:.1} MiB in {:.2} s: {:.0} records/s, {:.1} MiB/s",
+            if r.errors.is_empty() {
+                String::new()
+            } else {
+                format!(" (incomplete: {} streams not read to their tails)", r.errors.len())
+            },
             r.records,
             r.bytes as f64 / 1048576.0,
             r.seconds,
             r.records as f64 / r.seconds.max(1e-9),
             r.bytes as f64 / r.seconds.max(1e-9) / 1048576.0
         );
-        for e in &r.errors {
+        // Verifying, each stream's VERIFY INCOMPLETE line says it.
+        for e in r.errors.iter().filter(|_| !c.verify) {
             let _ = writeln!(s, "  read error: {e}");
         }
         if c.verify {
             for (address, v) in &r.verdicts {
-                if !v.clean() {
+                if v.failed() {
                     let _ = writeln!(
                         s,
                         "VERIFY FAILED {address}: {} lost, {} duplicated, {} reordered, {} foreign, {} corrupt, chain {}",
@@ -194,8 +226,23 @@ pub fn summary(o: &Outcome) -> String {
                         let _ = writeln!(s, "  {address}: {e}");
                     }
                 }
+                if let Some(why) = &v.incomplete {
+                    let _ = writeln!(
+                        s,
+                        "VERIFY INCOMPLETE {address}: {} records read, then stopped before the tail: {why}",
+                        v.records_read
+                    );
+                }
             }
-            if !o.verify_failed() {
+            if o.verify_incomplete() {
+                let read: u64 = r.verdicts.iter().map(|(_, v)| v.ok).sum();
+                let unread = r.verdicts.iter().filter(|(_, v)| v.incomplete.is_some()).count();
+                let _ = writeln!(
+                    s,
+                    "verify: incomplete, {unread} of {} streams not read to their tails (not verified); nothing wrong in what was read ({read} acknowledged records in place)",
+                    r.verdicts.len()
+                );
+            } else if !o.verify_failed() {
                 let read: u64 = r.verdicts.iter().map(|(_, v)| v.ok).sum();
                 let _ = writeln!(
                     s,

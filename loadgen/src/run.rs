@@ -2,9 +2,15 @@
 //! tails, the read-back, and the outcome the reports are made from. An interrupt (SIGINT,
 //! SIGTERM) ends the load early, skips or abandons the read-back, and still returns the
 //! outcome of what was measured; the spawned server is stopped either way.
+//!
+//! After the load, a server that stops answering holds the run a bounded time: the
+//! acknowledgements in flight are waited for `--drain`, the final tails are checked
+//! concurrently under one `--drain` deadline (and serve the read-back too), followers end
+//! within `--drain` of the producers, and the read-back stops at its first read that
+//! waited `--drain`.
 
 use std::io::{IsTerminal, Write as _};
-use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex, OnceLock};
 use std::time::{Duration, Instant};
 
@@ -57,9 +63,12 @@ impl Shared {
 /// The read-back after the run.
 #[derive(Debug, Default)]
 pub struct ReadBackOutcome {
+    /// Records and body bytes read, also of streams whose read-back stopped early.
     pub records: u64,
     pub bytes: u64,
     pub seconds: f64,
+    /// Why a stream's read-back stopped before its tail (its tail could not be checked, a
+    /// read failed), one per such stream, naming it: the read-back is incomplete.
     pub errors: Vec<String>,
     /// Per stream, when verifying.
     pub verdicts: Vec<(String, Verdict)>,
@@ -87,23 +96,45 @@ pub struct Outcome {
     pub measured_bytes: u64,
     pub sent_batches: u64,
     pub acked_batches: u64,
+    /// Answered with an error, or unanswered by `--drain` ...
     pub failed_batches: u64,
+    /// ... of which unanswered (these count in the latencies, the others do not).
+    pub unanswered_batches: u64,
+    /// Behind schedule at the end (open loop).
     pub unsent_batches: u64,
+    /// Never sent because their stream failed (open loop).
+    pub abandoned_batches: u64,
     pub delivered: u64,
     pub errors: Vec<String>,
     pub read_back: Option<ReadBackOutcome>,
 }
 
 impl Outcome {
-    /// Whether verification ran (or should have) and found a problem; an interrupted run
+    /// Whether verification ran and found a problem in what it read; an interrupted run
     /// has not verified anything, and says so instead.
     pub fn verify_failed(&self) -> bool {
         self.config.verify
             && self.interrupted.is_none()
+            && self.read_back.as_ref().is_some_and(|r| r.verdicts.iter().any(|(_, v)| v.failed()))
+    }
+
+    /// Whether verification was asked for but could not read every stream to its tail
+    /// (and found nothing wrong in what it read): nothing is known about the rest.
+    pub fn verify_incomplete(&self) -> bool {
+        self.config.verify
+            && self.interrupted.is_none()
+            && !self.verify_failed()
             && self
                 .read_back
                 .as_ref()
-                .is_none_or(|r| !r.errors.is_empty() || r.verdicts.iter().any(|(_, v)| !v.clean()))
+                .is_none_or(|r| r.verdicts.iter().any(|(_, v)| v.incomplete.is_some()))
+    }
+
+    /// Open loop: the batches the schedule called for before the end, each sent, behind
+    /// schedule or abandoned with its stream.
+    pub fn scheduled_batches(&self) -> Option<u64> {
+        matches!(self.config.load, crate::config::Load::Open { .. })
+            .then_some(self.sent_batches + self.unsent_batches + self.abandoned_batches)
     }
 
     /// Whether anything the run asked of the server failed: an append (refused, or
@@ -170,11 +201,14 @@ pub fn run(
             .with_token(std::env::var("NOVA_TOKEN").ok())
             .map_err(|e| format!("NOVA_TOKEN: {e}"))
     };
-    // Calls outside the load (streams, final tails, the read-back) wait at most --drain
-    // for each read: a server that stopped answering cannot hold the end of a run. The
-    // load's own sessions and subscriptions have no such limit: what is unanswered when
-    // sending stops is counted after --drain.
+    // Calls outside the load (streams, final tails, the read-back) and the followers'
+    // subscriptions wait at most --drain for each read: a server that stopped answering
+    // cannot hold the end of a run. After the load, a call that waited that long is not
+    // made again (consumer::retried), nor are the followers' idle subscriptions once the
+    // producers are done. The producers' sessions have no such limit: what is unanswered
+    // when sending stops is counted after --drain.
     let client = new_client()?.with_timeout(Some(config.drain));
+    let bounded_client = new_client()?.with_timeout(Some(config.drain)).with_attempts(1);
     let load_client = new_client()?;
     let specs = create_streams(&client, &config)?;
     on_target(&url);
@@ -196,13 +230,14 @@ pub fn run(
     };
     let progress = config.progress && std::io::stderr().is_terminal();
 
-    let (producers, consumers) = std::thread::scope(|scope| {
+    let (producers, consumers, tails) = std::thread::scope(|scope| {
         let shared = &shared;
         let load_client = &load_client;
+        let bounded_client = &bounded_client;
         let consumers: Vec<_> = (0..config.consumers)
             .map(|c| {
                 let spec = specs[c % specs.len()].clone();
-                scope.spawn(move || consumer::follow(shared, load_client, &spec))
+                scope.spawn(move || consumer::follow(shared, bounded_client, &spec))
             })
             .collect();
         let producers: Vec<_> = (0..config.producers)
@@ -242,30 +277,32 @@ pub fn run(
             .collect();
         // Followers stop at each stream's tail as it is now.
         *shared.producers_done_at.lock().unwrap_or_else(|e| e.into_inner()) = Some(Instant::now());
-        for spec in &specs {
+        let tails = check_tails(bounded_client, &specs, config.drain);
+        for (spec, tail) in specs.iter().zip(&tails) {
             // Unknown (the check failed): followers run to the drain limit rather than stop
             // at once with the end-to-end figures cut short.
-            let tail = match client.check_tail(&spec.address) {
-                Ok(tail) => tail.seq_num,
-                Err(e) => {
+            let tail = tail.as_ref().map_or_else(
+                |e| {
                     eprintln!("loadgen: {}: final tail: {e}", spec.address);
                     u64::MAX
-                }
-            };
+                },
+                |&tail| tail,
+            );
             shared.final_tails[spec.number as usize].store(tail, Ordering::Release);
         }
         let consumers: Vec<ConsumerOutcome> = consumers
             .into_iter()
             .map(|h| h.join().unwrap_or_else(|e| std::panic::resume_unwind(e)))
             .collect();
-        (producers, consumers)
+        (producers, consumers, tails)
     });
 
     let mut ack = crate::stats::histogram();
     let mut e2e = crate::stats::histogram();
     let mut errors = Vec::new();
     let (mut measured_records, mut measured_bytes) = (0, 0);
-    let (mut sent, mut acked, mut failed, mut unsent) = (0, 0, 0, 0);
+    let (mut sent, mut acked, mut failed, mut unanswered, mut unsent, mut abandoned) =
+        (0, 0, 0, 0, 0, 0);
     let mut ledgers = Vec::new();
     for p in producers {
         ack.add(&p.ack).map_err(|e| format!("merge histograms: {e:?}"))?;
@@ -274,7 +311,9 @@ pub fn run(
         sent += p.sent_batches;
         acked += p.acked_batches;
         failed += p.failed_batches;
+        unanswered += p.unanswered_batches;
         unsent += p.unsent_batches;
+        abandoned += p.abandoned_batches;
         errors.extend(p.errors);
         ledgers.extend(p.ledgers);
     }
@@ -289,7 +328,7 @@ pub fn run(
     // verdicts would be of part of the streams.
     let wanted = (config.catch_up || config.verify) && interrupt.signal().is_none();
     let read_back = wanted
-        .then(|| read_back_all(&client, &config, ledgers, interrupt))
+        .then(|| read_back_all(&bounded_client, &config, ledgers, &tails, interrupt))
         .filter(|_| interrupt.signal().is_none());
 
     let clock = shared.clock;
@@ -316,7 +355,9 @@ pub fn run(
         sent_batches: sent,
         acked_batches: acked,
         failed_batches: failed,
+        unanswered_batches: unanswered,
         unsent_batches: unsent,
+        abandoned_batches: abandoned,
         delivered,
         errors,
         read_back,
@@ -324,15 +365,64 @@ pub fn run(
     })
 }
 
-/// One read-back thread's records, errors and verdicts.
-type ReaderResult = (ReadBack, Vec<String>, Vec<(String, Verdict)>);
+/// At most this many tails are checked at once.
+const TAIL_CHECKS_AT_ONCE: usize = 16;
 
-/// Reads every stream back from its first record of the run to its tail now, on
-/// `max(consumers, 1)` threads (at most one per stream), checking each when verifying.
+/// Each stream's tail now (by `specs` order; an error does not name the stream), checked
+/// concurrently under one deadline, `drain` from now: a check not begun by then is not
+/// made. A check that waited `drain` is not made again ([`consumer::retried`]), so a
+/// server that stopped answering holds this about `drain`, however many streams there
+/// are.
+fn check_tails(client: &Client, specs: &[StreamSpec], drain: Duration) -> Vec<Result<u64, String>> {
+    let deadline = Instant::now() + drain;
+    let next = AtomicUsize::new(0);
+    let checkers = specs.len().clamp(1, TAIL_CHECKS_AT_ONCE);
+    let checked: Vec<(usize, Result<u64, String>)> = std::thread::scope(|scope| {
+        let handles: Vec<_> = (0..checkers)
+            .map(|_| {
+                scope.spawn(|| {
+                    let mut checked = Vec::new();
+                    loop {
+                        let i = next.fetch_add(1, Ordering::Relaxed);
+                        let Some(spec) = specs.get(i) else { break };
+                        let tail = if Instant::now() >= deadline {
+                            Err(format!("not checked: the tail checks took --drain ({drain:?})"))
+                        } else {
+                            consumer::retried(drain, || client.check_tail(&spec.address))
+                                .map(|tail| tail.seq_num)
+                                .map_err(|e| e.to_string())
+                        };
+                        checked.push((i, tail));
+                    }
+                    checked
+                })
+            })
+            .collect();
+        handles
+            .into_iter()
+            .flat_map(|h| h.join().unwrap_or_else(|e| std::panic::resume_unwind(e)))
+            .collect()
+    });
+    let mut tails: Vec<Result<u64, String>> = specs.iter().map(|_| Err(String::new())).collect();
+    for (i, tail) in checked {
+        tails[i] = tail;
+    }
+    tails
+}
+
+/// One read-back thread's records, errors and verdicts.
+type ReaderResult = (u64, u64, Vec<String>, Vec<(String, Verdict)>);
+
+/// Reads every stream back from its first record of the run to its tail at the end of the
+/// load (`tails`, by stream number), on `max(consumers, 1)` threads (at most one per
+/// stream), checking each when verifying. A stream whose tail is unknown is not read, and
+/// once a read finds the server not answering within `--drain` no other begins: their
+/// read-backs, and verdicts, are incomplete.
 fn read_back_all(
     client: &Client,
     config: &Config,
     ledgers: Vec<(StreamSpec, crate::verify::Ledger)>,
+    tails: &[Result<u64, String>],
     interrupt: &Interrupt,
 ) -> ReadBackOutcome {
     let readers = config.consumers.max(1).min(ledgers.len().max(1));
@@ -341,47 +431,49 @@ fn read_back_all(
     for (i, item) in ledgers.into_iter().enumerate() {
         work[i % readers].push(item);
     }
-    // Tails first, so the timed part is reading only.
-    let mut tails = Vec::new();
-    let mut out = ReadBackOutcome::default();
-    for items in &work {
-        let mut t = Vec::new();
-        for (spec, _) in items {
-            match client.check_tail(&spec.address) {
-                Ok(tail) => t.push(tail.seq_num),
-                Err(e) => {
-                    out.errors.push(format!("{}: check tail: {e}", spec.address));
-                    t.push(spec.base_seq);
-                }
-            }
-        }
-        tails.push(t);
-    }
+    let silent = AtomicBool::new(false);
     let started = Instant::now();
     let results: Vec<ReaderResult> = std::thread::scope(|scope| {
+        let silent = &silent;
         let handles: Vec<_> = work
             .into_iter()
-            .zip(tails)
-            .map(|(items, tails)| {
+            .map(|items| {
                 scope.spawn(move || {
-                    let mut total = ReadBack::default();
+                    let (mut records, mut bytes) = (0, 0);
                     let mut errors = Vec::new();
                     let mut verdicts = Vec::new();
-                    for ((spec, ledger), tail) in items.into_iter().zip(tails) {
+                    for (spec, ledger) in items {
                         let mut checker = config.verify.then(|| Checker::new(spec.number, ledger));
-                        match consumer::read_back(client, &spec, tail, checker.as_mut(), interrupt)
-                        {
-                            Ok(r) => {
-                                total.records += r.records;
-                                total.bytes += r.bytes;
-                            }
-                            Err(e) => errors.push(e),
-                        }
+                        let r = match &tails[spec.number as usize] {
+                            Ok(tail) => consumer::read_back(
+                                client,
+                                &spec,
+                                *tail,
+                                checker.as_mut(),
+                                interrupt,
+                                silent,
+                                config.drain,
+                            ),
+                            Err(e) => ReadBack {
+                                next_seq_num: spec.base_seq,
+                                incomplete: Some(format!("not read: its tail: {e}")),
+                                ..ReadBack::default()
+                            },
+                        };
+                        records += r.records;
+                        bytes += r.bytes;
+                        errors.extend(
+                            r.incomplete.as_ref().map(|why| format!("{}: {why}", spec.address)),
+                        );
                         if let Some(c) = checker {
-                            verdicts.push((spec.address.to_string(), c.finish()));
+                            let verdict = match r.incomplete {
+                                None => c.finish(),
+                                Some(why) => c.finish_incomplete(r.next_seq_num, why),
+                            };
+                            verdicts.push((spec.address.to_string(), verdict));
                         }
                     }
-                    (total, errors, verdicts)
+                    (records, bytes, errors, verdicts)
                 })
             })
             .collect();
@@ -390,13 +482,15 @@ fn read_back_all(
             .map(|h| h.join().unwrap_or_else(|e| std::panic::resume_unwind(e)))
             .collect()
     });
-    out.seconds = started.elapsed().as_secs_f64();
-    for (r, errors, verdicts) in results {
-        out.records += r.records;
-        out.bytes += r.bytes;
+    let mut out =
+        ReadBackOutcome { seconds: started.elapsed().as_secs_f64(), ..Default::default() };
+    for (records, bytes, errors, verdicts) in results {
+        out.records += records;
+        out.bytes += bytes;
         out.errors.extend(errors);
         out.verdicts.extend(verdicts);
     }
+    out.errors.sort();
     out.verdicts.sort_by(|a, b| a.0.cmp(&b.0));
     out
 }

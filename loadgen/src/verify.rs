@@ -70,16 +70,31 @@ pub struct Verdict {
     pub chain_matches: bool,
     /// The first few problems, with seq_nums.
     pub examples: Vec<String>,
+    /// Why the read-back stopped before the stream's tail, if it did: only what it read
+    /// is judged (records acknowledged below where it got and not found are lost; the
+    /// chain is not compared).
+    pub incomplete: Option<String>,
 }
 
 impl Verdict {
+    /// Read to the tail and nothing wrong: verified.
     pub fn clean(&self) -> bool {
-        self.lost == 0
-            && self.duplicates == 0
-            && self.reordered == 0
-            && self.foreign == 0
-            && self.corrupt == 0
-            && (self.chain_matches || self.unacknowledged_present > 0)
+        self.incomplete.is_none() && !self.failed()
+    }
+
+    /// Something wrong found: lost, duplicated, out of place, foreign or corrupt records,
+    /// or (read to the tail, every append answered) a chain that differs. An incomplete
+    /// read-back that found nothing wrong in what it read has not failed: it has not
+    /// verified.
+    pub fn failed(&self) -> bool {
+        self.lost > 0
+            || self.duplicates > 0
+            || self.reordered > 0
+            || self.foreign > 0
+            || self.corrupt > 0
+            || (self.incomplete.is_none()
+                && !self.chain_matches
+                && self.unacknowledged_present == 0)
     }
 }
 
@@ -184,10 +199,23 @@ impl Checker {
         }
     }
 
-    pub fn finish(mut self) -> Verdict {
+    /// The verdict of a read-back that reached the tail: every acknowledged record not
+    /// read is lost.
+    pub fn finish(self) -> Verdict {
+        self.judge(u64::MAX, None)
+    }
+
+    /// The verdict of a read-back that stopped at `read_to` (every record below it read)
+    /// for `why`: acknowledged records below it that were not read are lost; those above
+    /// it, and the chain, are not judged.
+    pub fn finish_incomplete(self, read_to: u64, why: String) -> Verdict {
+        self.judge(read_to, Some(why))
+    }
+
+    fn judge(mut self, read_to: u64, incomplete: Option<String>) -> Verdict {
         let mut lost_examples = Vec::new();
         for a in &self.by_seq {
-            for i in 0..a.count {
+            for i in 0..a.count.min(read_to.saturating_sub(a.seq_num)) {
                 let index = a.index + i;
                 if self.seen[(index / 64) as usize] & (1u64 << (index % 64)) == 0 {
                     self.verdict.lost += 1;
@@ -204,9 +232,10 @@ impl Checker {
             self.example(e);
         }
         self.verdict.chain_matches = self.chain == self.expected_chain;
-        if !self.verdict.chain_matches && self.verdict.examples.is_empty() {
+        if incomplete.is_none() && !self.verdict.chain_matches && self.verdict.examples.is_empty() {
             self.example("the hash chain differs".into());
         }
+        self.verdict.incomplete = incomplete;
         self.verdict
     }
 }
@@ -289,6 +318,31 @@ mod tests {
         assert_eq!((v.ok, v.corrupt, v.unacknowledged_present), (1, 1, 1), "{v:?}");
         assert!(!v.clean());
         assert!(v.examples[0].contains("seq_num 1: record 1 is not what was sent"), "{v:?}");
+    }
+
+    /// A read-back cut short judges what it read: records acknowledged below where it got
+    /// and not found are lost, the rest is not called lost, and the result is not clean
+    /// without having failed.
+    #[test]
+    fn an_incomplete_read_back_judges_only_what_it_read() {
+        let (l, bodies) = ledger(3);
+        let read: Vec<_> = bodies.iter().take(3).cloned().enumerate().collect();
+        let mut c = Checker::new(3, l);
+        for (seq, body) in &read {
+            c.record(*seq as u64, body);
+        }
+        let v = c.finish_incomplete(3, "the server went away".into());
+        assert_eq!((v.ok, v.lost), (3, 0), "{v:?}");
+        assert!(!v.failed() && !v.clean(), "{v:?}");
+
+        // Record 1 missing below where the read got: lost, incomplete or not.
+        let (l, bodies) = ledger(3);
+        let mut c = Checker::new(3, l);
+        c.record(0, &bodies[0]);
+        c.record(2, &bodies[2]);
+        let v = c.finish_incomplete(3, "the server went away".into());
+        assert_eq!((v.ok, v.lost), (2, 1), "{v:?}");
+        assert!(v.failed(), "{v:?}");
     }
 
     #[test]

@@ -1,16 +1,24 @@
-//! The real loadgen binary against a server it spawns (`--spawn`): short runs that must
-//! verify clean, one where the test writes behind loadgen's back and verification must
-//! fail naming the stream, and the ends of a run: an open-loop run the server cannot keep
-//! up with stops at its duration, SIGTERM ends a run early with its report and no server
-//! or directory left, and `kill -9` takes the server down with loadgen. Needs the `nova`
-//! binary next to loadgen's (CI's workspace build makes it; alone: `cargo build --profile
-//! ci -p net --bin nova`).
+//! The real loadgen binary against a server it spawns (`--spawn`) or one of the test's
+//! own: short runs that must verify clean, one where the test writes behind loadgen's
+//! back and verification must fail naming the stream, one where it trims records away
+//! and verification must report them lost, and the ends of a run: an open-loop run the
+//! server cannot keep up with stops at its duration, a server that stops answering or
+//! dies holds the end a bounded time and leaves every scheduled batch counted, SIGTERM
+//! ends a run early with its report and no server or directory left, and `kill -9` takes
+//! the server down with loadgen. Needs the `nova` binary next to loadgen's (CI's
+//! workspace build makes it; alone: `cargo build --profile ci -p net --bin nova`).
 
 use std::io::{BufRead, BufReader, Read, Write};
 use std::net::TcpStream;
 use std::path::{Path, PathBuf};
-use std::process::{Child, ChildStderr, Command, Output, Stdio};
+use std::process::{Child, ChildStderr, Command, ExitStatus, Output, Stdio};
+use std::sync::atomic::AtomicBool;
 use std::time::{Duration, Instant};
+
+use loadgen::consumer;
+use loadgen::interrupt::Interrupt;
+use loadgen::producer::StreamSpec;
+use net::client::{Address, Batch, Bucket, Client, Conditions, Format, StreamOptions};
 
 fn loadgen() -> Command {
     let bin = PathBuf::from(env!("CARGO_BIN_EXE_loadgen"));
@@ -281,9 +289,10 @@ fn stalled_run(load: &[&str], drain: &str) -> (serde_json::Value, Option<i32>, S
     );
     signal(nova.id(), "STOP");
     let stopped = Instant::now();
-    let (status, stdout) = finish(child, stderr);
+    let ended = finish_within(child, stderr, Duration::from_secs(120));
     let took = stopped.elapsed();
     signal(nova.id(), "CONT");
+    let (status, stdout) = ended.expect("loadgen ends while the server is stopped");
     (report(&json), status.code(), stdout, took)
 }
 
@@ -318,6 +327,246 @@ fn an_open_loop_stall_shows_in_the_percentiles() {
     // About 400 batches due over 2 s, all but a few stalled: most waited a good part of it.
     let p90 = r["ack_latency"]["p90_ms"].as_f64().unwrap_or(0.0);
     assert!(p90 >= 500.0, "{}", r["ack_latency"]);
+}
+
+/// A server stopped (SIGSTOP) for the whole run, with followers and several streams to
+/// verify: the followers end within `--drain` of the producers (their reads wait at most
+/// that), the final tails are checked at once, each once, and serve the read-back, so
+/// the end of the run takes about two drains (the acknowledgements, then the tails and
+/// followers) rather than one per tail check and attempt, or forever. Nothing could be
+/// read back: verification is incomplete, exit 4, and nothing is called lost.
+#[test]
+fn a_stalled_server_holds_the_end_of_a_run_about_two_drains() {
+    let load =
+        ["--closed-loop", "--streams", "4", "--producers", "2", "--consumers", "2", "--verify"];
+    let (r, status, stdout, took) = stalled_run(&load, "1s");
+    // 2 s of load, 1 s for the acknowledgements, 1 s for tails and followers.
+    assert!(took < Duration::from_secs(7), "the run took {took:?} after the server stopped");
+    assert_eq!(status, Some(4), "{stdout}");
+    assert_eq!(r["verify"]["outcome"], "incomplete", "{r}");
+    assert!(!stdout.contains("VERIFY FAILED"), "{stdout}");
+    assert_eq!(stdout.matches("VERIFY INCOMPLETE nova://").count(), 4, "{stdout}");
+    for stream in r["verify"]["streams"].as_array().unwrap() {
+        assert_eq!(stream["lost"], 0, "{stream}");
+    }
+}
+
+/// A stream followed against a server whose heartbeats (15 s by default) are further
+/// apart than `--drain`, at a rate that leaves it idle longer than that: the follower's
+/// reads time out while the producers run and it goes on where it was, and at the end it
+/// stops at the final tail within the drain instead of waiting for a heartbeat.
+#[test]
+fn a_follower_of_a_quiet_stream_goes_on_past_timeouts_and_ends_at_the_tail() {
+    let dir = tempfile::tempdir().expect("a temporary directory");
+    let (nova, url) = own_server(dir.path());
+    let _reap = Reap(nova.id());
+    let json = dir.path().join("r.json");
+    // One 16-record batch every 1.6 s.
+    let (child, stderr, _) = start(
+        Command::new(env!("CARGO_BIN_EXE_loadgen"))
+            .args(["--url", &url, "--no-progress", "--class", "express", "--rate", "10"])
+            .args(["--batch", "16", "--record-bytes", "100", "--consumers", "1"])
+            .args(["--duration", "4s", "--warmup", "0s", "--drain", "500ms", "--json"])
+            .arg(&json),
+    );
+    let started = Instant::now();
+    let (status, stdout) =
+        finish_within(child, stderr, Duration::from_secs(120)).expect("loadgen ends");
+    let took = started.elapsed();
+    assert_eq!(status.code(), Some(0), "{stdout}");
+    assert!(took < Duration::from_secs(10), "the run took {took:?}");
+    let r = report(&json);
+    let acked = r["appends"]["acked_batches"].as_u64().unwrap();
+    assert!(acked >= 2, "{r}");
+    assert_eq!(r["delivered_records"].as_u64().unwrap(), acked * 16, "{r}");
+}
+
+/// The body of a plain HTTP request's answer from the server at `authority`, and its
+/// status line.
+fn http(authority: &str, method: &str, path: &str, body: &str) -> (String, String) {
+    let mut conn = TcpStream::connect(authority).expect("connect to the server");
+    write!(
+        conn,
+        "{method} {path} HTTP/1.1\r\nHost: {authority}\r\nContent-Type: application/json\r\nContent-Length: {}\r\nConnection: close\r\n\r\n{body}",
+        body.len()
+    )
+    .expect("send the request");
+    let mut answer = String::new();
+    conn.read_to_string(&mut answer).expect("read the answer");
+    let (head, body) = answer.split_once("\r\n\r\n").unwrap_or((&answer, ""));
+    (head.lines().next().unwrap_or_default().to_owned(), body.to_owned())
+}
+
+/// Waits until stream `key` of bucket `loadgen` holds at least `records`.
+fn await_tail(authority: &str, key: &str, records: u64) {
+    let deadline = Instant::now() + Duration::from_secs(60);
+    loop {
+        let (status, body) = http(authority, "GET", &format!("/v1/streams/loadgen/{key}/tail"), "");
+        if status.contains(" 200 ") {
+            let tail: serde_json::Value = serde_json::from_str(&body).expect("a tail is JSON");
+            if tail["tail"]["seq_num"].as_u64().unwrap_or(0) >= records {
+                return;
+            }
+        }
+        assert!(
+            Instant::now() < deadline,
+            "{key} did not reach {records} records: {status} {body}"
+        );
+        std::thread::sleep(Duration::from_millis(10));
+    }
+}
+
+/// Records trimmed away mid-run are lost to verification: the read-back ends at the tail
+/// it measured (it does not wait for records the server will never send), and names
+/// them, and loadgen exits 2.
+#[test]
+fn verification_reports_records_trimmed_away_as_lost() {
+    let dir = tempfile::tempdir().unwrap();
+    let json = dir.path().join("r.json");
+    let (child, stderr, url) = start(
+        loadgen()
+            .args(["--class", "express", "--stream-prefix", "trim3", "--rate", "1000"])
+            .args(["--batch", "16", "--duration", "2s", "--warmup", "0s", "--verify"])
+            .args(["--catch-up", "--json"])
+            .arg(&json),
+    );
+    let authority = url.trim_start_matches("http://").trim_end_matches('/');
+    await_tail(authority, "trim3-0", 600);
+    let (status, body) =
+        http(authority, "POST", "/v1/streams/loadgen/trim3-0/trim", r#"{"seq_num":500}"#);
+    assert!(status.contains(" 200 "), "{status} {body}");
+    let (status, stdout) =
+        finish_within(child, stderr, Duration::from_secs(120)).expect("loadgen ends");
+    assert_eq!(status.code(), Some(2), "{stdout}");
+    assert!(stdout.contains("VERIFY FAILED nova://loadgen/trim3-0: 500 lost"), "{stdout}");
+    let r = report(&json);
+    assert_eq!(r["verify"]["outcome"], "failed", "{r}");
+    assert_eq!(r["verify"]["streams"][0]["lost"], 500, "{r}");
+    assert_eq!(r["read_back"]["complete"], true, "{r}");
+}
+
+/// A server killed mid-run: the stream's session cannot be reopened, yet every batch the
+/// schedule called for is accounted for (sent, behind schedule, or abandoned with the
+/// stream, in the latencies with its wait) and the run keeps its duration; nothing could
+/// be read back, which is an incomplete verification (exit 4), not lost records.
+#[test]
+fn a_server_killed_mid_run_leaves_every_batch_counted_and_verification_incomplete() {
+    let dir = tempfile::tempdir().expect("a temporary directory");
+    let (nova, url) = own_server(dir.path());
+    let reap = Reap(nova.id());
+    let json = dir.path().join("r.json");
+    let (child, stderr, _) = start(
+        Command::new(env!("CARGO_BIN_EXE_loadgen"))
+            .args(["--url", &url, "--no-progress", "--class", "express", "--stream-prefix"])
+            .args(["killed", "--rate", "1000", "--batch", "16", "--duration", "2s"])
+            .args(["--warmup", "0s", "--verify", "--consumers", "1", "--json"])
+            .arg(&json),
+    );
+    let started = Instant::now();
+    let authority = url.trim_start_matches("http://").trim_end_matches('/');
+    await_tail(authority, "killed-0", 320);
+    signal(reap.0, "KILL");
+    let (status, stdout) =
+        finish_within(child, stderr, Duration::from_secs(120)).expect("loadgen ends");
+    assert!(started.elapsed() >= Duration::from_secs(2), "the run ended early");
+    assert_eq!(status.code(), Some(4), "{stdout}");
+    let r = report(&json);
+    let appends = &r["appends"];
+    let count = |name: &str| appends[name].as_u64().unwrap_or_else(|| panic!("{name}: {appends}"));
+    // 2 s x 1000 records/s / 16 = 125 batches (126 when rounding puts one more inside).
+    let scheduled = count("scheduled_batches");
+    assert!((125..=126).contains(&scheduled), "{appends}");
+    assert_eq!(
+        count("sent_batches") + count("unsent_batches") + count("abandoned_batches"),
+        scheduled
+    );
+    assert_eq!(
+        count("acked_batches") + count("failed_batches"),
+        count("sent_batches"),
+        "{appends}"
+    );
+    assert!(count("abandoned_batches") > 50, "{appends}");
+    assert!(stdout.contains(&format!("{scheduled} scheduled: ")), "{stdout}");
+    // The abandoned batches waited up to the end of the run.
+    assert!(r["ack_latency"]["max_ms"].as_f64().unwrap_or(0.0) >= 500.0, "{}", r["ack_latency"]);
+    assert!(stdout.contains("VERIFY INCOMPLETE nova://loadgen/killed-0"), "{stdout}");
+    assert!(!stdout.contains("VERIFY FAILED"), "{stdout}");
+    assert_eq!(r["verify"]["outcome"], "incomplete", "{r}");
+    assert_eq!(r["verify"]["streams"][0]["lost"], 0, "{r}");
+}
+
+/// A read-back that cannot reach its tail (here one past the stream's: the pages run out
+/// below it) stops, saying where and why, with what it read so far, over several pages.
+#[test]
+fn a_read_back_cut_short_keeps_the_counts_it_read() {
+    let dir = tempfile::tempdir().expect("a temporary directory");
+    let (nova, url) = own_server(dir.path());
+    let _reap = Reap(nova.id());
+    // JSON pages hold at most 1000 records.
+    let client = Client::new(&url)
+        .unwrap()
+        .with_format(Format::Json)
+        .with_timeout(Some(Duration::from_secs(10)))
+        .with_attempts(1);
+    client.create_bucket(&Bucket::new("readback"), None).unwrap();
+    let address = Address::new("readback", "s");
+    let express = StreamOptions {
+        class: Some(engine::options::StorageClass::Express),
+        ..StreamOptions::default()
+    };
+    client.create_stream(&address, &express, None).unwrap();
+    let mut batch = Batch::new();
+    for i in 0..700u32 {
+        batch.push::<&[u8], &[u8]>(&[], format!("record {i}").as_bytes()).unwrap();
+    }
+    for _ in 0..5 {
+        client.append(&address, &batch, &Conditions::default()).unwrap();
+    }
+    let spec = StreamSpec { number: 0, address, base_seq: 0 };
+    let silent = AtomicBool::new(false);
+    let drain = Duration::from_secs(10);
+    let r = consumer::read_back(&client, &spec, 4000, None, &Interrupt::none(), &silent, drain);
+    assert_eq!((r.records, r.next_seq_num), (3500, 3500), "{r:?}");
+    let why = r.incomplete.expect("the read-back stopped before its tail");
+    assert!(why.contains("seq_num 3500") && why.contains("4000"), "{why}");
+
+    let r = consumer::read_back(&client, &spec, 3500, None, &Interrupt::none(), &silent, drain);
+    assert_eq!((r.records, r.next_seq_num, r.incomplete), (3500, 3500, None));
+}
+
+/// Waits up to `limit` for `child` to end, reading its output meanwhile; its status and
+/// stdout, or None (and the child killed) when it did not end in time.
+fn finish_within(
+    mut child: Child,
+    mut stderr: BufReader<ChildStderr>,
+    limit: Duration,
+) -> Option<(ExitStatus, String)> {
+    let mut stdout_pipe = child.stdout.take().expect("stdout is piped");
+    let stdout = std::thread::spawn(move || {
+        let mut text = String::new();
+        let _ = stdout_pipe.read_to_string(&mut text);
+        text
+    });
+    let rest = std::thread::spawn(move || {
+        let mut text = String::new();
+        let _ = stderr.read_to_string(&mut text);
+        text
+    });
+    let deadline = Instant::now() + limit;
+    let status = loop {
+        if let Some(status) = child.try_wait().expect("wait for loadgen") {
+            break Some(status);
+        }
+        if Instant::now() >= deadline {
+            let _ = child.kill();
+            let _ = child.wait();
+            break None;
+        }
+        std::thread::sleep(Duration::from_millis(20));
+    };
+    let (stdout, rest) = (stdout.join().unwrap_or_default(), rest.join().unwrap_or_default());
+    eprintln!("status: {status:?}\nstdout:\n{stdout}\nstderr:\n{rest}");
+    status.map(|status| (status, stdout))
 }
 
 /// The processes whose parent is `parent` and whose name is `name`, from /proc.

@@ -134,7 +134,7 @@ impl Error {
     /// Whether resending the same request could succeed and is harmless for a call that
     /// is safe to repeat: the connection failed, the server was unavailable, or it asked
     /// for the request again later (`Retry-After`: a shard's memory full, a throttle).
-    fn transient(&self) -> bool {
+    pub fn transient(&self) -> bool {
         match self {
             Error::Io { .. } => true,
             Error::Api(api) => api.status == 503 || api.retry_after_seconds.is_some(),
@@ -142,9 +142,16 @@ impl Error {
         }
     }
 
+    /// Whether the call failed because the server did not answer within the client's
+    /// timeout ([`Client::with_timeout`]).
+    pub fn timed_out(&self) -> bool {
+        matches!(self, Error::Io { error, .. }
+            if matches!(error.kind(), io::ErrorKind::WouldBlock | io::ErrorKind::TimedOut))
+    }
+
     /// How long the server asked to wait before the request is sent again, at most
     /// [`RETRY_AFTER_MAX`].
-    fn retry_after(&self) -> Duration {
+    pub fn retry_after(&self) -> Duration {
         match self {
             Error::Api(ApiError { retry_after_seconds: Some(seconds), .. }) => {
                 Duration::from_secs(*seconds).min(RETRY_AFTER_MAX)
@@ -177,9 +184,7 @@ impl fmt::Display for Error {
         match self {
             Error::Api(api) => write!(f, "{}: {}", api.code, api.message),
             // A blocking socket's read or write only ends this way at its timeout.
-            Error::Io { what, error }
-                if matches!(error.kind(), io::ErrorKind::WouldBlock | io::ErrorKind::TimedOut) =>
-            {
+            Error::Io { what, error } if self.timed_out() => {
                 write!(f, "{what}: the server did not answer within the client's timeout ({error})")
             }
             Error::Io { what, error } => write!(f, "{what}: {error}"),
