@@ -37,6 +37,25 @@ pub enum Code {
 }
 
 impl Code {
+    /// Every code.
+    pub const ALL: [Code; 10] = [
+        Code::InvalidArgument,
+        Code::Unauthenticated,
+        Code::PermissionDenied,
+        Code::NotFound,
+        Code::AlreadyExists,
+        Code::FailedPrecondition,
+        Code::OutOfRange,
+        Code::ResourceExhausted,
+        Code::Internal,
+        Code::Unavailable,
+    ];
+
+    /// The code whose wire name is `name`.
+    pub fn from_name(name: &str) -> Option<Code> {
+        Code::ALL.into_iter().find(|code| code.as_str() == name)
+    }
+
     /// The snake-case wire name (`invalid_argument`, ...).
     pub const fn as_str(self) -> &'static str {
         match self {
@@ -486,6 +505,14 @@ mod tests {
         BATCH_BYTES_MAX, BATCH_RECORDS_MAX, CREATION_TOKEN_BYTES_MAX, FENCING_TOKEN_BYTES_MAX,
         HEADERS_PER_RECORD_MAX, LIST_PAGE_MAX, RECORD_BYTES_MAX_DEFAULT,
     };
+
+    #[test]
+    fn every_code_is_found_by_its_name() {
+        for code in Code::ALL {
+            assert_eq!(Code::from_name(code.as_str()), Some(code));
+        }
+        assert_eq!(Code::from_name("unknown"), None);
+    }
 
     /// One example of every variant, with its code and words its message must contain.
     fn examples() -> Vec<(Error, Code, &'static [&'static str])> {

@@ -45,12 +45,16 @@ pub fn follow(shared: &Shared, client: &Client, spec: &StreamSpec) -> ConsumerOu
     let reached = |next: u64| next >= final_tail.load(Ordering::Acquire);
     let producers_done_for =
         || shared.producers_done_at.lock().unwrap_or_else(|e| e.into_inner()).map(|t| t.elapsed());
+    // A read that waited --drain is not the end while the producers run (an idle stream,
+    // or a server stalled for a while), nor in the --drain after them: the final tails
+    // are known only once checked, so a follower at its tail may time out before then.
+    let may_wait = || producers_done_for().is_none_or(|done_for| done_for <= drain);
     let mut next_seq = spec.base_seq;
     let error = 'follow: loop {
         let options = ReadOptions::from_seq_num(next_seq);
         let subscription = match retried(drain, || client.subscribe(&spec.address, &options, sse)) {
             Ok(subscription) => subscription,
-            Err(e) if e.timed_out() && producers_done_for().is_none() => continue,
+            Err(e) if e.timed_out() && may_wait() => continue,
             Err(e) => break Some(format!("{}: subscribe: {e}", spec.address)),
         };
         for event in subscription {
@@ -77,10 +81,10 @@ pub fn follow(shared: &Shared, client: &Client, spec: &StreamSpec) -> ConsumerOu
                     }
                 }
                 Ok(SubscriptionEvent::Heartbeat { .. }) => {}
-                // Nothing came for --drain: while the producers run, that is an idle
-                // stream (or a server stalled for a while), so go on where it was.
-                Err(e) if e.timed_out() && producers_done_for().is_none() => continue 'follow,
+                // Nothing came for --drain: done if at the final tail, else go on where
+                // it was while it may wait.
                 Err(e) if e.timed_out() && reached(next_seq) => break 'follow None,
+                Err(e) if e.timed_out() && may_wait() => continue 'follow,
                 Err(e) => break 'follow Some(format!("{}: subscription: {e}", spec.address)),
             }
             if reached(next_seq) {

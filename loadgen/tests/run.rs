@@ -340,8 +340,9 @@ fn a_stalled_server_holds_the_end_of_a_run_about_two_drains() {
     let load =
         ["--closed-loop", "--streams", "4", "--producers", "2", "--consumers", "2", "--verify"];
     let (r, status, stdout, took) = stalled_run(&load, "1s");
-    // 2 s of load, 1 s for the acknowledgements, 1 s for tails and followers.
-    assert!(took < Duration::from_secs(7), "the run took {took:?} after the server stopped");
+    // 2 s of load, 1 s for the acknowledgements, a few for tails and followers: far from
+    // the 24 s of tail checks one after another, or forever.
+    assert!(took < Duration::from_secs(20), "the run took {took:?} after the server stopped");
     assert_eq!(status, Some(4), "{stdout}");
     assert_eq!(r["verify"]["outcome"], "incomplete", "{r}");
     assert!(!stdout.contains("VERIFY FAILED"), "{stdout}");
@@ -374,7 +375,8 @@ fn a_follower_of_a_quiet_stream_goes_on_past_timeouts_and_ends_at_the_tail() {
         finish_within(child, stderr, Duration::from_secs(120)).expect("loadgen ends");
     let took = started.elapsed();
     assert_eq!(status.code(), Some(0), "{stdout}");
-    assert!(took < Duration::from_secs(10), "the run took {took:?}");
+    // Below the 15 s a heartbeat would take to come, with room for a slow machine.
+    assert!(took < Duration::from_secs(14), "the run took {took:?}");
     let r = report(&json);
     let acked = r["appends"]["acked_batches"].as_u64().unwrap();
     assert!(acked >= 2, "{r}");

@@ -261,7 +261,7 @@ impl<'a> InFlight<'a> {
             started: Instant::now(),
             request_id: request_id(shared, request),
             method: request.method().clone(),
-            path: crate::auth::shown_path(request.uri().path()).to_owned(),
+            path: crate::auth::shown_path(request.uri().path()),
             ended: false,
         }
     }
@@ -431,7 +431,7 @@ async fn route(
     let segments: Vec<&str> = path.trim_start_matches('/').split('/').collect();
     let shown = crate::auth::shown_path(&path);
     let not_allowed = |allowed: &str| {
-        Err(ApiError::method_not_allowed(method.as_str(), shown, allowed).before_body())
+        Err(ApiError::method_not_allowed(method.as_str(), &shown, allowed).before_body())
     };
     // A head past the limit is refused before anything in it is read.
     let head = head_bytes(&request);
@@ -473,7 +473,6 @@ async fn route(
         ["health"] => (
             "health",
             match method {
-                Method::GET | Method::HEAD if let Some(error) = refused => Err(error),
                 Method::GET | Method::HEAD => health(shared, || {
                     authenticate(shared, callers, &request)
                         .is_ok_and(|caller| caller.may(Access::Read, Target::Fleet).is_ok())
@@ -608,7 +607,7 @@ async fn route(
                     ("read_plan", bare(denied(Access::Read, stream), verb).await)
                 }
                 (Some("plan"), _) => ("read_plan", not_allowed("GET")),
-                _ => ("unknown", Err(ApiError::no_route(method.as_str(), shown).before_body())),
+                _ => ("unknown", Err(ApiError::no_route(method.as_str(), &shown).before_body())),
             }
         }
         ["v1", "tokens"] => {
@@ -631,7 +630,7 @@ async fn route(
             ),
             _ => ("revoke_token", not_allowed("DELETE")),
         },
-        _ => ("unknown", Err(ApiError::no_route(method.as_str(), shown).before_body())),
+        _ => ("unknown", Err(ApiError::no_route(method.as_str(), &shown).before_body())),
     }
 }
 
@@ -707,7 +706,7 @@ pub fn query(
             return Err(ApiError::invalid(format!(
                 "unknown query parameter {name:?}: {} {} takes no query parameters",
                 request.method(),
-                request.uri().path()
+                crate::auth::shown_path(request.uri().path())
             )));
         }
         if !accepted.contains(&name.as_str()) {
@@ -1069,7 +1068,7 @@ fn token_table(shared: &Shared) -> Result<&Auth, ApiError> {
 }
 
 async fn issue_token(shared: &Shared, caller: &Caller, mut request: Request<Incoming>) -> Answer {
-    let auth = token_table(shared)?;
+    let auth = token_table(shared).map_err(ApiError::before_body)?;
     let body = read_body(shared, &mut request, CONTROL_BODY_LIMIT).await?;
     let asked = wire::token_request(&body)?;
     let now = now_ms();

@@ -138,14 +138,32 @@ fn is_token_id(id: &str) -> bool {
     id.len() == ID_BYTES * 2 && id.bytes().all(|b| matches!(b, b'0'..=b'9' | b'a'..=b'f'))
 }
 
-/// `path` as a log line or an error message may show it: the segment after
-/// `/v1/tokens/` is left out unless it is a token ID, since it may be a whole token
-/// pasted in place of its ID.
-pub fn shown_path(path: &str) -> &str {
-    match path.strip_prefix("/v1/tokens/") {
-        Some(id) if !is_token_id(id) => "/v1/tokens/<not a token ID: left out>",
-        _ => path,
-    }
+/// What a log line or an error message shows in place of a path segment left out.
+pub const LEFT_OUT: &str = "<left out: may be a token>";
+
+/// `path` as a log line or an error message may show it. Left out: a segment holding an
+/// issued token (percent-decoded), and the one in place of a token ID
+/// (`/v1/tokens/{id}`, however many slashes the router skipped) unless it is an ID: a
+/// whole token, or the root token, pasted in the wrong place must not reach the log.
+pub fn shown_path(path: &str) -> String {
+    let named: Vec<&str> = path.split('/').filter(|part| !part.is_empty()).collect();
+    let id_place = match named.as_slice() {
+        ["v1", "tokens", id, ..] => Some(*id),
+        _ => None,
+    };
+    let secret = |part: &str| {
+        (id_place == Some(part) && !is_token_id(part)) || {
+            let decoded = percent_encoding::percent_decode_str(part).decode_utf8_lossy();
+            decoded.match_indices(TOKEN_PREFIX).any(|(at, _)| {
+                let rest = &decoded[at..];
+                let len = TOKEN_PREFIX.len() + ID_BYTES * 2 + 1 + SECRET_BYTES * 2;
+                rest.get(..len).is_some_and(|token| issued_id(token).is_some())
+            })
+        }
+    };
+    let parts: Vec<&str> =
+        path.split('/').map(|part| if secret(part) { LEFT_OUT } else { part }).collect();
+    parts.join("/")
 }
 
 /// The public ID of an issued token's text; None for anything else (the root token).

@@ -90,6 +90,7 @@ const VERBS: &[(&str, &str, &str)] = &[
 fn usage() -> String {
     let mut text = String::from(
         "nova: a durable stream store\n\nusage: nova [--server URL] [--auth-token-file F] [--timeout D] [--json] VERB ...\n\
+         (nova --version prints its version)\n\
          --server defaults to $NOVA_SERVER when it is set and not empty, else http://127.0.0.1:8080\n\
          A server with auth on needs a token: the first line of --auth-token-file, else $NOVA_TOKEN\n\
          (docs/auth.md).\n\
@@ -211,6 +212,10 @@ fn usage_error(message: impl Into<String>) -> Failure {
 
 /// Runs the command; the exit status.
 pub fn main(args: Vec<String>) -> i32 {
+    if matches!(args.as_slice(), [only] if only == "--version") {
+        println!("nova {}", env!("CARGO_PKG_VERSION"));
+        return 0;
+    }
     if args.first().map(String::as_str) == Some("serve") {
         if args.iter().any(|a| a == "--help" || a == "-h") {
             println!("{}", crate::serve::help());

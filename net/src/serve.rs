@@ -169,7 +169,11 @@ pub(crate) fn object_store(
     config.path_style = match s3_setting(flags, "s3-path-style").as_deref() {
         None | Some("false") => false,
         Some("true") => true,
-        Some(other) => return Err(format!("--s3-path-style must be true or false, not {other:?}")),
+        Some(other) => {
+            return Err(format!(
+                "--s3-path-style (or NOVA_S3_PATH_STYLE) must be true or false, not {other:?}"
+            ));
+        }
     };
     config.credentials =
         match (flag_value(flags, "s3-access-key-id"), flag_value(flags, "s3-secret-access-key")) {
@@ -262,6 +266,20 @@ fn auth(flags: &[(String, String)]) -> Result<Option<Arc<Auth>>, String> {
     }
     let root = std::fs::read_to_string(&path)
         .map_err(|e| format!("--{} {path:?} cannot be read: {e}", knob.flag))?;
+    // Anyone who can read the file may do anything, and anyone who can write it may
+    // choose the next start's root token: said, not refused (a container's secret mount
+    // decides its own modes).
+    if let Ok(meta) = std::fs::metadata(&path) {
+        use std::os::unix::fs::PermissionsExt as _;
+        let mode = meta.permissions().mode() & 0o777;
+        if mode & 0o077 != 0 {
+            crate::log_line!(
+                "nova: WARNING: --{} {path:?} has mode {mode:03o}: users other than its owner \
+                 can read or write the root token; chmod 600 it",
+                knob.flag
+            );
+        }
+    }
     let tokens_max = usize::try_from(self::knob(flags, tuning::TOKENS_MAX)?).unwrap_or(usize::MAX);
     Ok(Some(Arc::new(Auth::with_root_token(&root, knob.flag, tokens_max)?)))
 }

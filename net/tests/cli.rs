@@ -57,6 +57,16 @@ fn ok(server: &Nova, args: &[&str], stdin: Option<&str>) -> String {
 }
 
 #[test]
+fn version_prints_the_version() {
+    let out = Command::new(env!("CARGO_BIN_EXE_nova")).arg("--version").output().expect("run nova");
+    assert!(out.status.success());
+    assert_eq!(
+        String::from_utf8_lossy(&out.stdout),
+        format!("nova {}\n", env!("CARGO_PKG_VERSION"))
+    );
+}
+
+#[test]
 fn client_verbs_round_trip_through_the_server() {
     client_verbs(Store::Local);
 }
@@ -222,7 +232,7 @@ fn serve_refuses_flags_it_cannot_use() {
         (&["--s3-bucket", "b", "--s3-access-key-id", "k"][..], "--s3-secret-access-key"),
         (
             &["--s3-bucket", "b", "--s3-path-style", "maybe"][..],
-            "--s3-path-style must be true or false",
+            "--s3-path-style (or NOVA_S3_PATH_STYLE) must be true or false",
         ),
         (&["--s3-bucket", ""][..], "--s3-bucket must name a bucket"),
         (

@@ -175,6 +175,8 @@ fn append_session_pipelines_in_order(nova: &Nova) {
     let refused = acks[1].result.as_ref().expect_err("refused");
     assert_eq!((refused.code(), refused.next_seq_num()), (Some("failed_precondition"), Some(1201)));
     assert!(!refused.outcome_unknown());
+    // An error frame has no HTTP status of its own: the one its code maps to.
+    assert!(matches!(refused, Error::Api(api) if api.status == 412), "{refused:?}");
     let behind = acks[2].result.as_ref().expect_err("not taken");
     assert_eq!(behind.code(), Some("failed_precondition"));
     assert!(behind.to_string().contains("refused batch 1 before this one"), "{behind}");
@@ -625,7 +627,8 @@ fn a_guarded_append_whose_retry_finds_its_own_tail_fails_with_its_outcome_unknow
     let error = client
         .append(&address, &batch(&["second", "third"]), &guarded(1))
         .expect_err("the retry finds the tail the first attempt made");
-    assert!(error.outcome_unknown(), "{error}");
+    assert!(matches!(error, Error::Ambiguous(_)) && error.outcome_unknown(), "{error}");
+    assert!(!error.transient(), "sending it again cannot tell: {error}");
     assert!(error.to_string().contains("next_seq_num 3"), "{error}");
     assert_eq!(direct.check_tail(&address).expect("tail").seq_num, 3, "landed once");
     // Another writer's tail: a plain refusal, nothing landed.

@@ -83,6 +83,10 @@ pub enum Error {
     Protocol(String),
     /// The caller's input, refused before anything was sent.
     Invalid(String),
+    /// A guarded append whose earlier attempt's outcome is unknown, and whose retry was
+    /// refused with the tail that attempt would have made: it may have landed, and
+    /// sending it again cannot tell (the same refusal comes back). Read it back.
+    Ambiguous(String),
 }
 
 /// An error answer: its status, code, message and whole JSON body (with the details:
@@ -114,7 +118,7 @@ impl Error {
     /// that says so (`"not_appended": true`: an append session's end at a server's stop).
     pub fn outcome_unknown(&self) -> bool {
         match self {
-            Error::Io { .. } | Error::Protocol(_) => true,
+            Error::Io { .. } | Error::Protocol(_) | Error::Ambiguous(_) => true,
             Error::Api(api) => {
                 matches!(api.code.as_str(), "internal" | "unknown" | "unavailable")
                     && api.body["not_appended"].as_bool() != Some(true)
@@ -189,7 +193,7 @@ impl fmt::Display for Error {
             }
             Error::Io { what, error } => write!(f, "{what}: {error}"),
             Error::Protocol(why) => write!(f, "unexpected answer from the server: {why}"),
-            Error::Invalid(why) => f.write_str(why),
+            Error::Invalid(why) | Error::Ambiguous(why) => f.write_str(why),
         }
     }
 }
@@ -446,8 +450,8 @@ pub struct Conditions {
     /// retried after a failed connection: it lands once or is refused. A retry refused
     /// with `next_seq_num` equal to this plus the batch's records may mean the first
     /// attempt landed before its answer was lost: [`Client::append`] then fails with
-    /// its outcome unknown ([`Error::outcome_unknown`]); read the records back to tell
-    /// it from another writer's batch.
+    /// [`Error::Ambiguous`] (its outcome unknown); read the records back to tell it from
+    /// another writer's batch.
     pub match_seq_num: Option<u64>,
     pub fencing_token: Option<String>,
 }
@@ -705,7 +709,10 @@ pub(super) fn api_error_frame(text: &str) -> Error {
     let body: Value = serde_json::from_str(text).unwrap_or(Value::Null);
     match (body["code"].as_str(), body["message"].as_str()) {
         (Some(code), Some(message)) => Error::Api(ApiError {
-            status: 0,
+            // A frame has no HTTP status: the one its code maps to (0 for a code unknown
+            // here).
+            status: engine::Code::from_name(code)
+                .map_or(0, |code| crate::error::status_of(code).as_u16()),
             code: code.to_owned(),
             message: message.to_owned(),
             // An append session's error frame says it in the body (no header to say it in).
@@ -1150,14 +1157,11 @@ impl Client {
                 if refused.code() == Some("failed_precondition")
                     && refused.next_seq_num() == Some(made) =>
             {
-                Err(Error::Io {
-                    what: format!(
-                        "POST {path}: a retry was refused with next_seq_num {made}, the tail this \
-                         batch would have made, after an attempt whose outcome is unknown \
-                         ({earlier}); the batch may have landed: read it back"
-                    ),
-                    error: io::Error::other("outcome unknown"),
-                })
+                Err(Error::Ambiguous(format!(
+                    "POST {path}: a retry was refused with next_seq_num {made}, the tail this \
+                     batch would have made, after an attempt whose outcome is unknown \
+                     ({earlier}); the batch may have landed: read it back"
+                )))
             }
             (answer, _) => answer,
         }
