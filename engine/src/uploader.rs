@@ -244,6 +244,11 @@ pub struct UploaderStats {
     pub put_failures: u64,
     /// Requests waiting in the channel, not yet taken in.
     pub queue_depth: usize,
+    /// Bytes of chunks taken in and waiting for their bundle to be cut (its size, its
+    /// delay, or an upload slot), and bytes of bundles and settled objects being
+    /// uploaded now (retries included): what the uploader holds that is not durable.
+    pub bytes_waiting: u64,
+    pub bytes_uploading: u64,
     /// Bundles being uploaded now.
     pub in_flight: usize,
     /// Bundles cut because their bytes reached the target, because their first chunk
@@ -368,6 +373,8 @@ struct Counters {
     put_attempts: AtomicU64,
     put_failures: AtomicU64,
     in_flight: AtomicUsize,
+    bytes_waiting: AtomicU64,
+    bytes_uploading: AtomicU64,
     cut_by_size: AtomicU64,
     cut_by_delay: AtomicU64,
     cut_by_stop: AtomicU64,
@@ -566,6 +573,8 @@ impl Uploader {
             put_attempts: c.put_attempts.load(Ordering::Relaxed),
             put_failures: c.put_failures.load(Ordering::Relaxed),
             queue_depth: self.tx.len(),
+            bytes_waiting: c.bytes_waiting.load(Ordering::Relaxed),
+            bytes_uploading: c.bytes_uploading.load(Ordering::Relaxed),
             in_flight: c.in_flight.load(Ordering::Relaxed),
             cut_by_size: c.cut_by_size.load(Ordering::Relaxed),
             cut_by_delay: c.cut_by_delay.load(Ordering::Relaxed),
@@ -884,10 +893,11 @@ impl Engine {
                     while self.in_flight.join_next().await.is_some() {}
                     while self.side_in_flight.join_next().await.is_some() {}
                     self.shared.counters.in_flight.store(0, Ordering::Relaxed);
+                    self.shared.counters.bytes_uploading.store(0, Ordering::Relaxed);
                     for request in self.pending.drain(..) {
                         request.refuse(stopped());
                     }
-                    self.pending_bytes = 0;
+                    self.set_pending_bytes(0);
                     self.pending_since = None;
                     gave_up = true;
                     if stopping {
@@ -980,8 +990,14 @@ impl Engine {
             return;
         }
         self.pending_since.get_or_insert_with(Instant::now);
-        self.pending_bytes += bytes;
+        self.set_pending_bytes(self.pending_bytes + bytes);
         self.pending.push(request);
+    }
+
+    /// The pending requests' bytes, here and in the shared counters.
+    fn set_pending_bytes(&mut self, bytes: u64) {
+        self.pending_bytes = bytes;
+        self.shared.counters.bytes_waiting.store(bytes, Ordering::Relaxed);
     }
 
     /// Lays out every pending request in one bundle (deferring to the next bundle a
@@ -997,8 +1013,9 @@ impl Engine {
                 Err(at) => deferred.push(taken.remove(at)),
             }
         };
-        self.pending_bytes =
-            deferred.iter().flat_map(Accepted::slots).map(|slot| slot.len() as u64).sum();
+        self.set_pending_bytes(
+            deferred.iter().flat_map(Accepted::slots).map(|slot| slot.len() as u64).sum(),
+        );
         self.pending_since = (!deferred.is_empty()).then(Instant::now);
         self.pending = deferred;
         // `taken` is never empty here (a cut needs pending requests, and a request alone
@@ -1016,6 +1033,7 @@ impl Engine {
             Err(taken) => Job::bundle(&self.key_prefix, &layout, taken, pushes),
         };
         self.shared.counters.in_flight.fetch_add(1, Ordering::Relaxed);
+        self.shared.counters.bytes_uploading.fetch_add(job.body.len() as u64, Ordering::Relaxed);
         self.in_flight.spawn(upload(
             Arc::clone(&self.store),
             Arc::clone(&self.shared),
@@ -1097,6 +1115,8 @@ async fn upload(
     key_prefix: String,
     mut job: Job,
 ) {
+    // Counted in at its start, as laid out then (a fallback below lays it out again).
+    let uploading = job.body.len() as u64;
     let started = Instant::now();
     let counters = &shared.counters;
     let put = |job: &Job| {
@@ -1121,6 +1141,7 @@ async fn upload(
         outcome = put(&job).await;
     }
     counters.in_flight.fetch_sub(1, Ordering::Relaxed);
+    counters.bytes_uploading.fetch_sub(uploading, Ordering::Relaxed);
     let Job { key, body, requests, chunks, settled } = job;
     match outcome {
         Ok(()) => {

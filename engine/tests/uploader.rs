@@ -269,22 +269,34 @@ fn a_lone_chunk_goes_out_after_the_delay_and_a_large_request_at_once() {
         let store = local_store(dir.path());
         let config = UploaderConfig {
             bundle_bytes_target: 256 << 10,
-            bundle_delay: Duration::from_millis(30),
+            bundle_delay: Duration::from_millis(200),
             ..UploaderConfig::default()
         };
         let uploader = Uploader::start(Arc::clone(&store), config, "cluster-a/").expect("start");
         let rt = runtime();
-        // One small chunk: far below the size target, so only the delay sends it.
+        // One small chunk: far below the size target, so only the delay sends it; while
+        // it waits, its bytes are counted as waiting.
         let sent: Sent = vec![(stream(0, 0), 0, 1, 10)];
         let started = Instant::now();
-        let got = block_on(uploader.upload(chunks_of(&sent))).expect("uploaded");
+        let waiting = {
+            let (uploader, chunks) = (uploader.clone(), chunks_of(&sent));
+            std::thread::spawn(move || block_on(uploader.upload(chunks)))
+        };
+        let mut seen = 0;
+        while seen == 0 && !waiting.is_finished() {
+            seen = uploader.stats().bytes_waiting;
+        }
+        assert!(seen > 0, "the chunk's bytes wait for the delay");
+        let got = waiting.join().expect("the uploading thread").expect("uploaded");
         let waited = started.elapsed();
+        let stats = uploader.stats();
+        assert_eq!((stats.bytes_waiting, stats.bytes_uploading), (0, 0), "durable: {stats:?}");
         check_answer(&rt, store.as_ref(), &sent, &got);
         assert!(got.placements[0].key.starts_with("cluster-a/_transit/"));
         let stats = uploader.stats();
         assert_eq!((stats.bundles, stats.cut_by_delay, stats.cut_by_size), (1, 1, 0));
         // The delay is a lower bound on the wait (never an upper one: no timed asserts).
-        assert!(waited >= Duration::from_millis(30), "sent before the delay: {waited:?}");
+        assert!(waited >= Duration::from_millis(200), "sent before the delay: {waited:?}");
         // One request over the target: cut by size as it arrives, alone in its bundle.
         let sent: Sent = (0..8).map(|s| (stream(1, s), 0, 4, 10_000)).collect();
         let got = block_on(uploader.upload(chunks_of(&sent))).expect("uploaded");

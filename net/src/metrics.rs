@@ -395,7 +395,7 @@ impl Metrics {
                 .enumerate()
                 .map(|(shard, stats)| (format!("shard=\"{shard}\""), &stats.journal_groups)),
         );
-        let node: [(&str, &str, &str, u64); 16] = [
+        let node: [(&str, &str, &str, u64); 18] = [
             ("nova_uploader_bundles_total", "counter", "transit bundles written", uploader.bundles),
             (
                 "nova_uploader_bundle_bytes_total",
@@ -444,6 +444,18 @@ impl Metrics {
                 "gauge",
                 "time since the first of the PUTs failing now failed; 0 while none is",
                 uploader.failing_for.map_or(0, |failing| failing.as_secs()),
+            ),
+            (
+                "nova_uploader_bytes_waiting",
+                "gauge",
+                "bytes of chunks the uploader holds for a bundle not cut yet (its size, its delay, or an upload slot)",
+                uploader.bytes_waiting,
+            ),
+            (
+                "nova_uploader_bytes_uploading",
+                "gauge",
+                "bytes of bundles and settled objects being uploaded now, retries included",
+                uploader.bytes_uploading,
             ),
             (
                 "nova_uploader_queue_depth",
