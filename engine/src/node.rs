@@ -244,10 +244,12 @@ pub fn backoff_in_order(
         return Ok(());
     }
     Err(format!(
-        "--{} ({} ms) is longer than --{} ({} ms), the largest backoff it grows to",
+        "--{} or {} ({} ms) is longer than --{} or {} ({} ms), the largest backoff it grows to",
         initial_knob.flag,
+        initial_knob.env,
         initial.as_millis(),
         max_knob.flag,
+        max_knob.env,
         max.as_millis()
     ))
 }

@@ -286,6 +286,7 @@ impl<'a> InFlight<'a> {
                 }
                 let error = match &error {
                     Some((code, message)) if status >= 500 => {
+                        let message = crate::auth::scrub_tokens(message);
                         format!(" code={code} message={message:?}")
                     }
                     Some((code, _)) => format!(" code={code}"),
@@ -457,7 +458,8 @@ async fn route(
     if matches!(method, Method::GET | Method::HEAD | Method::DELETE)
         && let Err(error) = no_body(shared, &mut request).await
     {
-        return ("no_body", Err(error.before_body()));
+        // Read to its end unless reading it failed (read_pieces says so then).
+        return ("no_body", Err(error));
     }
     // For the verbs that take no query parameters: a misplaced one (a `match_seq_num`
     // meant for the body) is refused, never ignored.
@@ -904,7 +906,7 @@ async fn read_pieces(
     let BodyLimit { bytes: limit, name } = limit;
     let too_large = |len: String| {
         ApiError::invalid(format!(
-            "request body is {len} bytes, over the limit of {limit} bytes ({name})"
+            "request body is {len}, over the limit of {limit} bytes ({name})"
         ))
     };
     let declared = request
@@ -915,7 +917,7 @@ async fn read_pieces(
     if let Some(len) = declared
         && len > limit
     {
-        return Err(too_large(len.to_string()));
+        return Err(too_large(format!("{len} bytes")));
     }
     let mut memory = shared.body_memory();
     // A body that could not be held now is refused before a byte of it is read; what is
@@ -948,7 +950,7 @@ async fn read_pieces(
                 }
             }
             Err(error) if error.is::<http_body_util::LengthLimitError>() => {
-                return Err(too_large("more than that".into()));
+                return Err(too_large("larger".into()));
             }
             Err(error) => {
                 return Err(ApiError::invalid(format!("reading the request body failed: {error}")));

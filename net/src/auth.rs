@@ -18,6 +18,7 @@
 //! This module never decides what a grant covers (that is `engine::auth`) and writes
 //! token rows only through the control plane.
 
+use std::borrow::Cow;
 use std::cell::RefCell;
 use std::collections::BTreeMap;
 use std::fmt;
@@ -152,18 +153,53 @@ pub fn shown_path(path: &str) -> String {
         _ => None,
     };
     let secret = |part: &str| {
-        (id_place == Some(part) && !is_token_id(part)) || {
-            let decoded = percent_encoding::percent_decode_str(part).decode_utf8_lossy();
-            decoded.match_indices(TOKEN_PREFIX).any(|(at, _)| {
-                let rest = &decoded[at..];
-                let len = TOKEN_PREFIX.len() + ID_BYTES * 2 + 1 + SECRET_BYTES * 2;
-                rest.get(..len).is_some_and(|token| issued_id(token).is_some())
-            })
-        }
+        (id_place == Some(part) && !is_token_id(part))
+            || matches!(scrub_tokens(part), Cow::Owned(_))
     };
     let parts: Vec<&str> =
         path.split('/').map(|part| if secret(part) { LEFT_OUT } else { part }).collect();
     parts.join("/")
+}
+
+/// `text` with every issued token in it, or what looks like the start of one, left out:
+/// `nova_`, a token ID, `_`, and hex digits, with either underscore also as `%5F` (text
+/// that echoes a request's path or query as it was sent). Error messages go through
+/// this, so a token pasted where a name goes never comes back in an answer.
+pub fn scrub_tokens(text: &str) -> Cow<'_, str> {
+    // The length of a token's start at `at` (its prefix, ID, separator, and at least one
+    // hex digit of secret, all of it), if one starts there.
+    let token_at = |at: usize| -> Option<usize> {
+        let bytes = text.as_bytes();
+        let underscore = |i: usize| -> Option<usize> {
+            match bytes.get(i..) {
+                Some([b'_', ..]) => Some(i + 1),
+                Some([b'%', b'5', b'f' | b'F', ..]) => Some(i + 3),
+                _ => None,
+            }
+        };
+        let hex_run = |i: usize| bytes[i..].iter().take_while(|b| b.is_ascii_hexdigit()).count();
+        let id = underscore(at + 4)?;
+        (hex_run(id) >= ID_BYTES * 2).then_some(())?;
+        let secret = underscore(id + ID_BYTES * 2)?;
+        let len = hex_run(secret);
+        (len > 0).then_some(secret + len - at)
+    };
+    let starts: Vec<usize> =
+        text.match_indices("nova").map(|(at, _)| at).filter(|&at| token_at(at).is_some()).collect();
+    if starts.is_empty() {
+        return Cow::Borrowed(text);
+    }
+    let (mut out, mut from) = (String::with_capacity(text.len()), 0);
+    for at in starts {
+        if at < from {
+            continue;
+        }
+        out.push_str(&text[from..at]);
+        out.push_str(LEFT_OUT);
+        from = at + token_at(at).unwrap_or(0);
+    }
+    out.push_str(&text[from..]);
+    Cow::Owned(out)
 }
 
 /// The public ID of an issued token's text; None for anything else (the root token).
@@ -513,6 +549,30 @@ impl Caller {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn tokens_and_their_starts_are_scrubbed_from_text() {
+        let token = format!("nova_{}_{}", "0123456789abcdef", "f".repeat(64));
+        let encoded = token.replace('_', "%5F");
+        for text in [
+            format!("token ID \"{token}%zz\" is not percent-encoded"),
+            format!("no stream {encoded} here"),
+            // Cut short (a name's length limit): what is there of the secret goes too.
+            format!("bucket {}", &token[..64]),
+            format!("{token}{token}"),
+        ] {
+            let scrubbed = scrub_tokens(&text);
+            assert!(!scrubbed.contains("ffff") && scrubbed.contains(LEFT_OUT), "{scrubbed}");
+        }
+        // No secret after the ID, or no ID: nothing to leave out.
+        for text in ["nova_0123456789abcdef_", "nova_0123_ffff", "nova serve", "nova_"] {
+            assert_eq!(scrub_tokens(text), text);
+        }
+        assert_eq!(
+            shown_path(&format!("/v1/streams/b/{encoded}")),
+            format!("/v1/streams/b/{LEFT_OUT}")
+        );
+    }
     use hyper::header::HeaderValue;
 
     fn headers(authorization: &str) -> HeaderMap {

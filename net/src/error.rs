@@ -104,7 +104,8 @@ impl ApiError {
     pub fn to_json(&self) -> Value {
         let mut body = Map::new();
         body.insert("code".into(), json!(self.code));
-        body.insert("message".into(), json!(self.message));
+        // A message may echo what the request named: a token pasted there is left out.
+        body.insert("message".into(), json!(crate::auth::scrub_tokens(&self.message)));
         for (name, value) in &self.details {
             body.insert(name.clone(), value.clone());
         }

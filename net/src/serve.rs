@@ -132,9 +132,9 @@ pub(crate) fn object_store(
                 "--{name} needs --s3-bucket (objects go to S3 only with a bucket)"
             ));
         }
-        if let Some((_, variable)) =
-            S3_ENV_SETTINGS.iter().find(|(flag, _)| s3_setting(&[], flag).is_some())
-        {
+        let set = |variable: &&str| std::env::var(variable).is_ok_and(|v| !v.is_empty());
+        let variables = S3_ENV_SETTINGS.iter().map(|(_, variable)| *variable);
+        if let Some(variable) = variables.chain(S3_KNOBS.iter().map(|k| k.env)).find(set) {
             return Err(format!(
                 "{variable} is set, but neither --s3-bucket nor NOVA_S3_BUCKET is (objects go \
                  to S3 only with a bucket)"

@@ -237,11 +237,11 @@ fn serve_refuses_flags_it_cannot_use() {
         (&["--s3-bucket", ""][..], "--s3-bucket must name a bucket"),
         (
             &["--upload-backoff-initial-ms", "6s", "--upload-backoff-max-ms", "10"][..],
-            "--upload-backoff-initial-ms (6000 ms) is longer than --upload-backoff-max-ms (10 ms)",
+            "--upload-backoff-initial-ms or NOVA_UPLOAD_BACKOFF_INITIAL_MS (6000 ms) is longer than --upload-backoff-max-ms or NOVA_UPLOAD_BACKOFF_MAX_MS (10 ms)",
         ),
         (
             &["--s3-bucket", "b", "--s3-backoff-initial-ms", "2s", "--s3-backoff-max-ms", "1s"][..],
-            "--s3-backoff-initial-ms (2000 ms) is longer than --s3-backoff-max-ms (1000 ms)",
+            "--s3-backoff-initial-ms or NOVA_S3_BACKOFF_INITIAL_MS (2000 ms) is longer",
         ),
         // An unknown flag is named as one, not as one that needs a value.
         (&["--bogus"][..], "unknown flag --bogus"),
@@ -262,6 +262,7 @@ fn serve_refuses_flags_it_cannot_use() {
     for (variable, named) in [
         ("NOVA_S3_PREFIX", "NOVA_S3_PREFIX is set, but neither --s3-bucket nor NOVA_S3_BUCKET"),
         ("NOVA_S3_PATH_STYLE", "NOVA_S3_PATH_STYLE is set"),
+        ("NOVA_S3_ATTEMPTS_MAX", "NOVA_S3_ATTEMPTS_MAX is set"),
     ] {
         let out = Command::new(env!("CARGO_BIN_EXE_nova"))
             .args(["serve", "--listen", "127.0.0.1:0", "--data-dir"])

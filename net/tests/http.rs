@@ -1304,6 +1304,12 @@ fn an_error_before_the_body_is_read_closes_the_connection_and_says_so() {
     let answers = twice(&request, "http/1.1 412");
     assert_eq!(answers.matches("http/1.1 412").count(), 2, "{answers}");
     assert!(!answers.contains("connection: close"), "{answers}");
+    // A body where none is taken is read, then refused: the connection is kept too.
+    let request =
+        "DELETE /v1/buckets/kept HTTP/1.1\r\nhost: x\r\ncontent-length: 7\r\n\r\n{\"x\":1}";
+    let answers = twice(request, "http/1.1 400");
+    assert_eq!(answers.matches("http/1.1 400").count(), 2, "{answers}");
+    assert!(!answers.contains("connection: close"), "{answers}");
 }
 
 /// An append session holds at most `--http-session-in-flight-max` batches sequenced and

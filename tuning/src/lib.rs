@@ -885,14 +885,18 @@ impl Knob {
         Ok(value)
     }
 
-    /// The value from the flag if given, else from the environment, else the default.
+    /// The value from the flag if given, else from the environment (unless empty), else
+    /// the default.
     pub fn resolve(&self, flag_value: Option<&str>) -> Result<u64, TuningError> {
         if let Some(text) = flag_value {
             return self.parse(text);
         }
+        // An empty variable is unset (as a shell's `NOVA_X=` means).
         match std::env::var(self.env) {
-            Ok(text) => self.parse_from(&text, &format!(" (from {})", self.env)),
-            Err(_) => Ok(self.default),
+            Ok(text) if !text.is_empty() => {
+                self.parse_from(&text, &format!(" (from {})", self.env))
+            }
+            _ => Ok(self.default),
         }
     }
 }
@@ -1001,6 +1005,9 @@ mod tests {
         // SAFETY: as above.
         unsafe { std::env::set_var(AUDITOR_READ_GRACE.env, "1d") };
         assert_eq!(AUDITOR_READ_GRACE.resolve(None), Ok(86_400_000));
+        // SAFETY: as above.
+        unsafe { std::env::set_var(AUDITOR_READ_GRACE.env, "") };
+        assert_eq!(AUDITOR_READ_GRACE.resolve(None), Ok(AUDITOR_READ_GRACE.default), "unset");
     }
 
     #[test]
