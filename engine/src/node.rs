@@ -233,7 +233,7 @@ pub fn engine_knobs() -> Vec<tuning::Knob> {
     read
 }
 
-/// Refuses a first backoff longer than the largest it may grow to, naming both flags.
+/// Refuses a first backoff longer than the largest it may grow to, naming both knobs.
 pub fn backoff_in_order(
     initial: std::time::Duration,
     max: std::time::Duration,

@@ -261,7 +261,7 @@ impl<'a> InFlight<'a> {
             started: Instant::now(),
             request_id: request_id(shared, request),
             method: request.method().clone(),
-            path: crate::auth::shown_path(request.uri().path()),
+            path: crate::auth::shown_path(request.uri().path()).into_owned(),
             ended: false,
         }
     }

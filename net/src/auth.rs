@@ -143,10 +143,14 @@ fn is_token_id(id: &str) -> bool {
 pub const LEFT_OUT: &str = "<left out: may be a token>";
 
 /// `path` as a log line or an error message may show it. Left out: a segment holding an
-/// issued token (percent-decoded), and the one in place of a token ID
+/// issued token ([`scrub_tokens`]), and the one in place of a token ID
 /// (`/v1/tokens/{id}`, however many slashes the router skipped) unless it is an ID: a
 /// whole token, or the root token, pasted in the wrong place must not reach the log.
-pub fn shown_path(path: &str) -> String {
+/// Every request's path comes through here: one that could hold neither is borrowed.
+pub fn shown_path(path: &str) -> Cow<'_, str> {
+    if !path.contains("tokens") && !path.contains("nova") {
+        return Cow::Borrowed(path);
+    }
     let named: Vec<&str> = path.split('/').filter(|part| !part.is_empty()).collect();
     let id_place = match named.as_slice() {
         ["v1", "tokens", id, ..] => Some(*id),
@@ -158,7 +162,7 @@ pub fn shown_path(path: &str) -> String {
     };
     let parts: Vec<&str> =
         path.split('/').map(|part| if secret(part) { LEFT_OUT } else { part }).collect();
-    parts.join("/")
+    Cow::Owned(parts.join("/"))
 }
 
 /// `text` with every issued token in it, or what looks like the start of one, left out:
