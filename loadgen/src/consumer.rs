@@ -5,7 +5,7 @@
 //! time its body carries (payload.rs), both on the run's clock.
 //!
 //! Both read through a client whose every read waits at most `--drain` and that never
-//! repeats a call that timed out ([`retried`]): once the producers are done, a server
+//! repeats a call that timed out (`Client::with_timeouts_repeated`): once the producers are done, a server
 //! that stops answering ends a follower within `--drain`, and the read-back at the first
 //! read that waited that long. The read-back reads plain pages up to the tail measured
 //! at the end of the load, never waiting for records: what is missing below that tail
@@ -52,7 +52,7 @@ pub fn follow(shared: &Shared, client: &Client, spec: &StreamSpec) -> ConsumerOu
     let mut next_seq = spec.base_seq;
     let error = 'follow: loop {
         let options = ReadOptions::from_seq_num(next_seq);
-        let subscription = match retried(drain, || client.subscribe(&spec.address, &options, sse)) {
+        let subscription = match client.subscribe(&spec.address, &options, sse) {
             Ok(subscription) => subscription,
             Err(e) if e.timed_out() && may_wait() => continue,
             Err(e) => break Some(format!("{}: subscribe: {e}", spec.address)),
@@ -154,7 +154,7 @@ pub fn read_back(
             count: Some(tail - next),
             ..ReadOptions::default()
         };
-        let page = match retried(drain, || client.read(address, &options)) {
+        let page = match client.read(address, &options) {
             Ok(page) => page,
             Err(e) => {
                 if e.timed_out() {
@@ -180,31 +180,4 @@ pub fn read_back(
         out.next_seq_num = page.next_seq_num.min(tail);
     }
     out
-}
-
-/// Attempts of a call after the load, [`retried`].
-const ATTEMPTS: u32 = 3;
-
-/// Runs `call` (one that is safe to repeat, on a client that makes one attempt) up to
-/// [`ATTEMPTS`] times while it fails transiently ([`net::client::Error::transient`]),
-/// except after a timeout: a server that did not answer within `--drain` is not given
-/// another `--drain`, so the end of a run stays bounded. Waits 50 ms, doubled each time,
-/// or the server's `Retry-After` (at most `drain`) between attempts.
-pub fn retried<T>(
-    drain: Duration,
-    mut call: impl FnMut() -> net::client::Result<T>,
-) -> net::client::Result<T> {
-    let mut backoff = Duration::from_millis(50);
-    let mut attempt = 1;
-    loop {
-        let wait = match call() {
-            Err(e) if attempt < ATTEMPTS && e.transient() && !e.timed_out() => {
-                e.retry_after().min(drain)
-            }
-            other => return other,
-        };
-        std::thread::sleep(backoff.max(wait));
-        backoff *= 2;
-        attempt += 1;
-    }
 }

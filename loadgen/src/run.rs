@@ -204,11 +204,12 @@ pub fn run(
     // Calls outside the load (streams, final tails, the read-back) and the followers'
     // subscriptions wait at most --drain for each read: a server that stopped answering
     // cannot hold the end of a run. After the load, a call that waited that long is not
-    // made again (consumer::retried), nor are the followers' idle subscriptions once the
+    // made again (`Client::with_timeouts_repeated`), nor are the followers' idle subscriptions once the
     // producers are done. The producers' sessions have no such limit: what is unanswered
     // when sending stops is counted after --drain.
     let client = new_client()?.with_timeout(Some(config.drain));
-    let bounded_client = new_client()?.with_timeout(Some(config.drain)).with_attempts(1);
+    let bounded_client =
+        new_client()?.with_timeout(Some(config.drain)).with_timeouts_repeated(false);
     let load_client = new_client()?;
     let specs = create_streams(&client, &config)?;
     on_target(&url);
@@ -370,7 +371,7 @@ const TAIL_CHECKS_AT_ONCE: usize = 16;
 
 /// Each stream's tail now (by `specs` order; an error does not name the stream), checked
 /// concurrently under one deadline, `drain` from now: a check not begun by then is not
-/// made. A check that waited `drain` is not made again ([`consumer::retried`]), so a
+/// made. A check that waited `drain` is not made again, so a
 /// server that stopped answering holds this about `drain`, however many streams there
 /// are.
 fn check_tails(client: &Client, specs: &[StreamSpec], drain: Duration) -> Vec<Result<u64, String>> {
@@ -388,7 +389,8 @@ fn check_tails(client: &Client, specs: &[StreamSpec], drain: Duration) -> Vec<Re
                         let tail = if Instant::now() >= deadline {
                             Err(format!("not checked: the tail checks took --drain ({drain:?})"))
                         } else {
-                            consumer::retried(drain, || client.check_tail(&spec.address))
+                            client
+                                .check_tail(&spec.address)
                                 .map(|tail| tail.seq_num)
                                 .map_err(|e| e.to_string())
                         };

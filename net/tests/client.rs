@@ -349,6 +349,27 @@ fn a_timeout_ends_a_call_the_server_never_answers() {
     }
 }
 
+/// A safe call that timed out is made again, up to its attempts, unless the client says
+/// a timeout is not to be repeated: then it is one attempt (one connection) however many
+/// the client allows.
+#[test]
+fn a_call_that_timed_out_is_repeated_only_when_the_client_says_so() {
+    let silent = std::net::TcpListener::bind("127.0.0.1:0").expect("bind");
+    silent.set_nonblocking(true).expect("nonblocking");
+    let url = format!("http://{}", silent.local_addr().expect("address"));
+    let connections = || std::iter::from_fn(|| silent.accept().ok()).count();
+    for (repeated, attempts) in [(true, 3), (false, 1)] {
+        let client = Client::new(&url)
+            .expect("client")
+            .with_attempts(3)
+            .with_timeout(Some(std::time::Duration::from_millis(50)))
+            .with_timeouts_repeated(repeated);
+        let error = client.check_tail(&Address::new("b", "k")).expect_err("nothing answers");
+        assert!(error.timed_out(), "{error}");
+        assert_eq!(connections(), attempts, "timeouts repeated: {repeated}");
+    }
+}
+
 /// A connection the server never takes (its accept queue is full, so the kernel drops
 /// every further SYN, as for a host that cannot be reached) ends within the client's
 /// timeout too, not after the kernel's two minutes of retries.

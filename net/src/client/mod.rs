@@ -782,6 +782,8 @@ pub struct Client {
     backoff: Duration,
     /// Each read and write on a pooled connection waits at most this long.
     timeout: Option<Duration>,
+    /// Whether a safe call that timed out is made again.
+    timeouts_repeated: bool,
     idle: Mutex<Vec<Conn>>,
 }
 
@@ -804,6 +806,7 @@ impl Client {
             attempts: 3,
             backoff: Duration::from_millis(50),
             timeout: None,
+            timeouts_repeated: true,
             idle: Mutex::new(Vec::new()),
         })
     }
@@ -831,6 +834,14 @@ impl Client {
     /// (`--sse-heartbeat-ms`, 15 s at most). A zero timeout is none.
     pub fn with_timeout(mut self, timeout: Option<Duration>) -> Self {
         self.timeout = timeout.filter(|timeout| !timeout.is_zero());
+        self
+    }
+
+    /// Whether a call safe to repeat is made again after it timed out (the default) or
+    /// fails then: with `false`, a server that stopped answering holds a call one
+    /// timeout, not one per attempt (the load generator's end of a run).
+    pub fn with_timeouts_repeated(mut self, repeated: bool) -> Self {
+        self.timeouts_repeated = repeated;
         self
     }
 
@@ -935,7 +946,11 @@ impl Client {
         let mut tried = 1;
         loop {
             match attempt() {
-                Err(error) if tried < attempts && error.transient() => {
+                Err(error)
+                    if tried < attempts
+                        && error.transient()
+                        && (self.timeouts_repeated || !error.timed_out()) =>
+                {
                     std::thread::sleep(backoff.max(error.retry_after()));
                     backoff = (backoff * 2).min(BACKOFF_MAX);
                     tried += 1;
