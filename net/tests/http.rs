@@ -2559,6 +2559,8 @@ fn health_says_degraded_while_the_object_store_is_down() {
         let message = told["message"].as_str().expect("a message");
         assert!(message.contains(&format!("{said}: ")), "{told}");
         assert!(metric("nova_uploader_puts_failing") >= 1);
+        // The failing PUT's bundle is held as being uploaded, retries and all.
+        assert!(metric("nova_uploader_bytes_uploading") > 0);
         assert!(!held.is_finished(), "a standard append waits for the store");
         wait_until("the log says so", || logged("nova: object store failing: "));
         proxy.set_down(false);
@@ -2569,6 +2571,7 @@ fn health_says_degraded_while_the_object_store_is_down() {
     });
     assert_eq!(metric("nova_uploader_puts_failing"), 0);
     assert_eq!(metric("nova_uploader_failing_seconds"), 0);
+    wait_until("the uploader holds nothing", || metric("nova_uploader_bytes_uploading") == 0);
     wait_until("the log says the store is back", || logged("nova: object store takes PUTs again"));
 }
 
