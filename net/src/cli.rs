@@ -195,13 +195,46 @@ fn stream_options_help() -> String {
 
 /// A failed call: the server's `code: message`, or why it could not be reached.
 fn failed(error: client::Error) -> Failure {
-    Failure::Failed(error.to_string())
+    Failure::Call(error.to_string(), Box::new(error))
 }
 
-/// A usage mistake (exit 2) or a failed call (exit 1).
+/// A usage mistake (exit 2), or a failure (exit 1): of a call, told with its error, or
+/// of anything else.
 enum Failure {
     Usage(String),
+    Call(String, Box<client::Error>),
     Failed(String),
+}
+
+impl Failure {
+    /// What `--json` writes to stderr for it, one line: `code` (the server's, or one of
+    /// the CLI's own: `usage`, `connection_failed`, `protocol_error`, `invalid_argument`,
+    /// `outcome_unknown`, `failed`), `message` (the line written without `--json`), and
+    /// when the server answered, its `status` and whole error body as `error`.
+    fn to_json(&self) -> Value {
+        let (code, message) = match self {
+            Failure::Usage(message) => ("usage", message),
+            Failure::Failed(message) => ("failed", message),
+            Failure::Call(message, error) => (
+                match &**error {
+                    client::Error::Api(api) => api.code.as_str(),
+                    client::Error::Io { .. } => "connection_failed",
+                    client::Error::Protocol(_) => "protocol_error",
+                    client::Error::Invalid(_) => "invalid_argument",
+                    client::Error::Ambiguous(_) => "outcome_unknown",
+                },
+                message,
+            ),
+        };
+        let mut out = json!({"code": code, "message": message});
+        if let Failure::Call(_, error) = self
+            && let client::Error::Api(api) = &**error
+        {
+            out["status"] = json!(api.status);
+            out["error"] = api.body.clone();
+        }
+        out
+    }
 }
 
 type Outcome = Result<(), Failure>;
@@ -236,16 +269,21 @@ pub fn main(args: Vec<String>) -> i32 {
     if args.first().map(String::as_str) == Some("doctor") {
         return crate::doctor::main(&args[1..]);
     }
-    match run(args) {
+    let args = parse(args);
+    let json = args.as_ref().is_ok_and(|args| args.has("json"));
+    match args.and_then(run) {
         Ok(()) if OUTPUT_FAILED.load(std::sync::atomic::Ordering::Relaxed) => 1,
         Ok(()) => 0,
-        Err(Failure::Usage(message)) => {
-            eprintln!("nova: {message}");
-            2
-        }
-        Err(Failure::Failed(message)) => {
-            eprintln!("nova: {message}");
-            1
+        Err(failure) => {
+            if json {
+                eprintln!("{}", failure.to_json());
+            } else {
+                let (Failure::Usage(message)
+                | Failure::Call(message, _)
+                | Failure::Failed(message)) = &failure;
+                eprintln!("nova: {message}");
+            }
+            if matches!(failure, Failure::Usage(_)) { 2 } else { 1 }
         }
     }
 }
@@ -618,11 +656,21 @@ fn tail_text(tail: &Value) -> String {
     format!("next_seq_num {} last_timestamp {}", tail["seq_num"], tail["timestamp"])
 }
 
-fn run(args: Vec<String>) -> Outcome {
-    let args = parse(args)?;
+fn run(args: Args) -> Outcome {
     let verb: Vec<&str> = args.positional.iter().map(String::as_str).collect();
     let name = match verb.as_slice() {
         [] => {
+            // `nova --bogus ls` took `ls` for the value of `--bogus`.
+            if let Some((flag, value)) =
+                args.flags.iter().find(|(name, _)| !GLOBAL_FLAGS.contains(&name.as_str()))
+            {
+                let took = value.as_ref().map(|v| format!(" (it took {v:?} as its value)"));
+                return Err(usage_error(format!(
+                    "unknown flag --{flag}{}; nova's own flags are --{}",
+                    took.unwrap_or_default(),
+                    GLOBAL_FLAGS.join(", --")
+                )));
+            }
             print!("{}", usage());
             return if args.has("help") { Ok(()) } else { Err(usage_error("no verb given")) };
         }
@@ -1405,7 +1453,7 @@ impl Answers {
             if let Some(input_failed) = input_failed {
                 message.push_str(&format!("; and {input_failed}"));
             }
-            return Err(Failure::Failed(message));
+            return Err(Failure::Call(message, Box::new(error)));
         }
         if let Some(input_failed) = input_failed {
             // Everything before the failure was appended; nothing after it was read.
@@ -1798,7 +1846,7 @@ mod tests {
 
     fn failure(answers: Answers) -> String {
         match answers.outcome(false, None) {
-            Err(Failure::Failed(message)) => message,
+            Err(Failure::Call(message, _) | Failure::Failed(message)) => message,
             Ok(()) | Err(Failure::Usage(_)) => panic!("not a failed call"),
         }
     }

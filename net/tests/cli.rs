@@ -531,6 +531,50 @@ fn append_refuses_an_input_without_records() {
     }
 }
 
+/// Under `--json` a failure is one JSON object on stderr: the server's code, status and
+/// error body when it answered, the CLI's own code when it did not.
+#[test]
+fn failures_under_json_are_json() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let server = Nova::start(dir.path());
+    ok(&server, &["bucket", "create", "app", "--create-on-append"], None);
+    let error = |args: &[&str], stdin, code| -> Value {
+        let stderr = fails(&server, args, stdin, code);
+        serde_json::from_str(&stderr).unwrap_or_else(|e| panic!("{args:?}: {e}: {stderr}"))
+    };
+
+    let missing = error(&["--json", "stream", "get", "nova://app/none"], None, 1);
+    assert_eq!((&missing["code"], &missing["status"]), (&"not_found".into(), &404.into()));
+    assert_eq!(missing["error"]["code"], "not_found", "{missing}");
+    assert!(missing["message"].as_str().is_some_and(|m| m.contains("not_found")), "{missing}");
+
+    // A refused append keeps the server's details (next_seq_num) and says which lines.
+    let args = ["--json", "append", "nova://app/s", "--match-seq-num", "5"];
+    let refused = error(&args, Some("a\n"), 1);
+    assert_eq!(refused["code"], "failed_precondition", "{refused}");
+    assert_eq!(refused["error"]["next_seq_num"], 0, "{refused}");
+    assert!(refused["message"].as_str().is_some_and(|m| m.starts_with("lines 1-1")), "{refused}");
+
+    let usage = error(&["--json", "read", "nova://app/s", "--bogus", "1"], None, 2);
+    assert_eq!(usage["code"], "usage", "{usage}");
+    assert!(usage.get("status").is_none(), "{usage}");
+
+    let unreachable = ["--json", "--server", "http://127.0.0.1:1", "--timeout", "2s", "ls"];
+    let unreachable = error(&unreachable, None, 1);
+    assert_eq!(unreachable["code"], "connection_failed", "{unreachable}");
+}
+
+/// A flag before the verb that nova does not know takes the verb for its value: the
+/// refusal says so, rather than that no verb was given.
+#[test]
+fn an_unknown_flag_before_the_verb_is_named() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let server = Nova::start(dir.path());
+    let stderr = fails(&server, &["--bogus", "ls"], None, 2);
+    assert!(stderr.contains("unknown flag --bogus (it took \"ls\" as its value)"), "{stderr}");
+    assert!(!stderr.contains("no verb"), "{stderr}");
+}
+
 #[test]
 fn append_counts_one_record_in_the_singular() {
     let dir = tempfile::tempdir().expect("tempdir");
