@@ -30,11 +30,19 @@ pub struct ConsumerOutcome {
     pub error: Option<String>,
 }
 
+/// The wait before a follower opens its failed subscription again, doubled after each
+/// failure in a row up to [`RESUME_WAIT_MAX`].
+const RESUME_WAIT_MIN: Duration = Duration::from_millis(20);
+const RESUME_WAIT_MAX: Duration = Duration::from_millis(500);
+
 /// Follows `spec` from its first record until it has seen the stream's final tail (set in
 /// `shared.final_tails` once the producers are done). `client`'s reads wait at most
 /// `--drain`: a subscription that waited that long (an idle stream against a server
 /// whose heartbeats are further apart, or a server that stopped answering) is opened
 /// again where it was while the producers run, and ends the follower once they are done.
+/// One that failed and may work again (its connection cut, the server stopping or
+/// starting: [`net::client::Error::transient`]) is opened again where it was after a
+/// growing wait, under the same bound.
 pub fn follow(shared: &Shared, client: &Client, spec: &StreamSpec) -> ConsumerOutcome {
     let clock = shared.clock;
     let drain = shared.config.drain;
@@ -50,16 +58,26 @@ pub fn follow(shared: &Shared, client: &Client, spec: &StreamSpec) -> ConsumerOu
     // are known only once checked, so a follower at its tail may time out before then.
     let may_wait = || producers_done_for().is_none_or(|done_for| done_for <= drain);
     let mut next_seq = spec.base_seq;
+    let mut resume_wait = RESUME_WAIT_MIN;
+    let resume = |wait: &mut Duration| {
+        std::thread::sleep(*wait);
+        *wait = (*wait * 2).min(RESUME_WAIT_MAX);
+    };
     let error = 'follow: loop {
         let options = ReadOptions::from_seq_num(next_seq);
         let subscription = match client.subscribe(&spec.address, &options, sse) {
             Ok(subscription) => subscription,
             Err(e) if e.timed_out() && may_wait() => continue,
+            Err(e) if e.transient() && may_wait() => {
+                resume(&mut resume_wait);
+                continue;
+            }
             Err(e) => break Some(format!("{}: subscribe: {e}", spec.address)),
         };
         for event in subscription {
             match event {
                 Ok(SubscriptionEvent::Records { records, .. }) => {
+                    resume_wait = RESUME_WAIT_MIN;
                     let now_ns = clock.unix_ns(Instant::now());
                     for r in &records {
                         let Some(p) = Payload::parse(&r.body) else { continue };
@@ -85,6 +103,10 @@ pub fn follow(shared: &Shared, client: &Client, spec: &StreamSpec) -> ConsumerOu
                 // it was while it may wait.
                 Err(e) if e.timed_out() && reached(next_seq) => break 'follow None,
                 Err(e) if e.timed_out() && may_wait() => continue 'follow,
+                Err(e) if e.transient() && may_wait() => {
+                    resume(&mut resume_wait);
+                    continue 'follow;
+                }
                 Err(e) => break 'follow Some(format!("{}: subscription: {e}", spec.address)),
             }
             if reached(next_seq) {

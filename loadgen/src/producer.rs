@@ -13,11 +13,16 @@
 //! as behind schedule, and the acknowledgements still due are collected for at most
 //! `--drain` (`Config::drain`).
 //!
+//! A connection whose append session fails (the server restarted, a proxy cut it) is
+//! opened again, with a growing wait between tries, for up to `--drain`: a server that
+//! comes back within that is sent to again, and the batches its absence held back go out
+//! late, with their intended times. A stream none of whose connections could be reopened
+//! by then is dead.
+//!
 //! Every batch the open-loop schedule calls for before the end is accounted for: sent
-//! (then acknowledged or failed), behind schedule, or abandoned with its stream (a stream
-//! whose append session failed and could not be reopened stops sending; the producer
-//! keeps the schedule to the end, so what it called for still counts, in the latencies
-//! too).
+//! (then acknowledged or failed), behind schedule, or abandoned with its stream (a dead
+//! stream, or one with no connection open at the end, stops sending; the producer keeps
+//! the schedule to the end, so what it called for still counts, in the latencies too).
 
 use std::collections::VecDeque;
 use std::sync::atomic::Ordering;
@@ -77,6 +82,14 @@ struct InFlight {
 struct Lane {
     session: Option<AppendSession>,
     in_flight: VecDeque<InFlight>,
+    /// Its session failed: since when it has had none, and when to try to open it again.
+    down: Option<Down>,
+}
+
+struct Down {
+    since: Instant,
+    retry_at: Instant,
+    wait: Duration,
 }
 
 struct StreamState {
@@ -86,11 +99,17 @@ struct StreamState {
     next_due: Instant,
     next_index: u64,
     ledger: Ledger,
-    /// Stopped after its session could not be reopened.
+    /// Stopped: a session that could not be opened at the start, or reopened for
+    /// `--drain`.
     dead: bool,
 }
 
 const ERRORS_KEPT: usize = 5;
+
+/// The wait before the first try to reopen a failed session, doubled after each failed
+/// try up to [`REOPEN_WAIT_MAX`].
+const REOPEN_WAIT_MIN: Duration = Duration::from_millis(20);
+const REOPEN_WAIT_MAX: Duration = Duration::from_millis(500);
 
 /// How often a producer with nothing to send but acknowledgements to wait for looks for
 /// them. Their times are taken on the sessions' reader threads, so polling costs no
@@ -111,6 +130,11 @@ impl StreamState {
             .map(|k| (self.next_lane + k) % lanes)
             .find(|&l| self.lanes[l].session.is_some() && self.lanes[l].in_flight.len() < in_flight)
     }
+
+    /// Whether it sends no more: dead, or (at the end) with no connection open.
+    fn abandoned(&self) -> bool {
+        self.dead || self.lanes.iter().all(|l| l.session.is_none())
+    }
 }
 
 struct Producer<'a> {
@@ -123,6 +147,9 @@ struct Producer<'a> {
     rng: u64,
     /// Where the measured window ends: the clock's end, or earlier once interrupted.
     window_end: Instant,
+    /// Sessions reopened and streams found dead: the closed loop's wait for a free slot
+    /// ends on either as on an acknowledgement.
+    lane_changes: u64,
     out: ProducerOutcome,
 }
 
@@ -138,6 +165,7 @@ pub fn run(shared: &Shared, client: &Client, specs: Vec<StreamSpec>, seed: u64) 
         filler: payload::filler(config.record_bytes.max()),
         rng: seed.wrapping_mul(0x9e37_79b9_7f4a_7c15) | 1,
         window_end: clock.end,
+        lane_changes: 0,
         out: ProducerOutcome {
             ack: crate::stats::histogram(),
             ledgers: Vec::new(),
@@ -167,9 +195,11 @@ pub fn run(shared: &Shared, client: &Client, specs: Vec<StreamSpec>, seed: u64) 
             let mut dead = false;
             for _ in 0..config.connections {
                 match client.append_session(&spec.address, config.in_flight) {
-                    Ok(session) => {
-                        lanes.push(Lane { session: Some(session), in_flight: VecDeque::new() })
-                    }
+                    Ok(session) => lanes.push(Lane {
+                        session: Some(session),
+                        in_flight: VecDeque::new(),
+                        down: None,
+                    }),
                     Err(e) => {
                         p.error(format!("{}: open an append session: {e}", spec.address));
                         dead = true;
@@ -194,7 +224,7 @@ pub fn run(shared: &Shared, client: &Client, specs: Vec<StreamSpec>, seed: u64) 
             let window_end = p.window_end;
             for s in &streams {
                 let never_sent = unsent(s.next_due, window_end, interval);
-                if s.dead {
+                if s.abandoned() {
                     p.out.abandoned_batches += never_sent;
                 } else {
                     p.out.unsent_batches += never_sent;
@@ -242,7 +272,7 @@ impl Producer<'_> {
     /// session, or, its stream dead, counts as abandoned with those after it.
     fn open_loop(&mut self, streams: &mut [StreamState], interval: Duration) {
         let in_flight = self.shared.config.in_flight;
-        loop {
+        'schedule: loop {
             self.stopping();
             let Some(i) = (0..streams.len())
                 .filter(|&i| !streams[i].dead)
@@ -275,7 +305,11 @@ impl Producer<'_> {
                 if let Some(lane) = streams[i].free_lane(in_flight) {
                     break lane;
                 }
-                // Blocked: every slot of the stream's connections is taken.
+                // Blocked: every slot of the stream's connections is taken, or its
+                // connections are down and being reopened.
+                if streams[i].dead {
+                    continue 'schedule;
+                }
                 self.stopping();
                 if Instant::now() >= self.window_end {
                     return;
@@ -315,6 +349,7 @@ impl Producer<'_> {
                 live = true;
                 for lane in 0..s.lanes.len() {
                     while !s.dead
+                        && s.lanes[lane].session.is_some()
                         && s.lanes[lane].in_flight.len() < in_flight
                         && Instant::now() < end
                     {
@@ -325,14 +360,12 @@ impl Producer<'_> {
             if !live {
                 return;
             }
-            // Wait for any acknowledgement to free a slot.
-            let before = self.out.acked_batches + self.out.failed_batches;
-            while self.out.acked_batches + self.out.failed_batches == before
-                && Instant::now() < end
-                && !self.stopping()
-            {
+            // Wait for any acknowledgement to free a slot, or a session reopened.
+            let progress = |p: &Self| p.out.acked_batches + p.out.failed_batches + p.lane_changes;
+            let before = progress(self);
+            while progress(self) == before && Instant::now() < end && !self.stopping() {
                 self.drain(streams);
-                if self.out.acked_batches + self.out.failed_batches == before {
+                if progress(self) == before {
                     std::thread::sleep(POLL);
                 }
             }
@@ -410,9 +443,14 @@ impl Producer<'_> {
         }
     }
 
+    /// Collects the acknowledgements that arrived, and reopens the failed sessions whose
+    /// wait is over.
     fn drain(&mut self, streams: &mut [StreamState]) {
         for s in streams.iter_mut() {
             for lane in 0..s.lanes.len() {
+                if !s.dead && s.lanes[lane].down.is_some() {
+                    self.reopen(s, lane);
+                }
                 while let Some(ack) =
                     s.lanes[lane].session.as_mut().and_then(AppendSession::try_recv)
                 {
@@ -497,14 +535,51 @@ impl Producer<'_> {
                         self.on_ack(s, lane_no, ack);
                     }
                 }
-                match self.client.append_session(&s.spec.address, self.shared.config.in_flight) {
-                    Ok(session) => s.lanes[lane_no].session = Some(session),
-                    Err(e) => {
-                        self.error(format!("{}: reopen the append session: {e}", s.spec.address));
-                        s.dead = true;
+                let now = Instant::now();
+                s.lanes[lane_no].down =
+                    Some(Down { since: now, retry_at: now, wait: REOPEN_WAIT_MIN });
+                self.reopen(s, lane_no);
+                false
+            }
+        }
+    }
+
+    /// Tries to open the failed session of connection `lane` again; after `--drain` of
+    /// failed tries, the stream is dead. Only the first failure of an outage and the
+    /// last are told as errors.
+    fn reopen(&mut self, s: &mut StreamState, lane: usize) {
+        let Some(down) = s.lanes[lane].down.as_mut() else { return };
+        let now = Instant::now();
+        if now < down.retry_at {
+            return;
+        }
+        let first = down.retry_at == down.since;
+        match self.client.append_session(&s.spec.address, self.shared.config.in_flight) {
+            Ok(session) => {
+                s.lanes[lane].session = Some(session);
+                s.lanes[lane].down = None;
+                self.lane_changes += 1;
+            }
+            Err(e) => {
+                let drain = self.shared.config.drain;
+                if now.duration_since(down.since) >= drain {
+                    s.lanes[lane].down = None;
+                    s.dead = true;
+                    self.lane_changes += 1;
+                    self.error(format!(
+                        "{}: reopen the append session: {e}; gave up after {drain:?} (--drain)",
+                        s.spec.address
+                    ));
+                } else {
+                    down.retry_at = now + down.wait;
+                    down.wait = (down.wait * 2).min(REOPEN_WAIT_MAX);
+                    if first {
+                        self.error(format!(
+                            "{}: reopen the append session: {e}; trying again for up to {drain:?} (--drain)",
+                            s.spec.address
+                        ));
                     }
                 }
-                false
             }
         }
     }

@@ -3,7 +3,8 @@
 //! back and verification must fail naming the stream, one where it trims records away
 //! and verification must report them lost, and the ends of a run: an open-loop run the
 //! server cannot keep up with stops at its duration, a server that stops answering or
-//! dies holds the end a bounded time and leaves every scheduled batch counted, SIGTERM
+//! dies holds the end a bounded time and leaves every scheduled batch counted, one
+//! restarted mid-run is sent to and followed again, SIGTERM
 //! ends a run early with its report and no server or directory left, and `kill -9` takes
 //! the server down with loadgen. Needs the `nova` binary next to loadgen's (CI's
 //! workspace build makes it; alone: `cargo build --profile ci -p net --bin nova`).
@@ -249,9 +250,16 @@ fn an_open_loop_run_the_server_cannot_keep_up_with_ends_at_its_duration() {
 /// A `nova serve` of the test's own (not one loadgen spawns, which loadgen would wait
 /// for at the end), so the test can stop and resume it; and its URL.
 fn own_server(dir: &Path) -> (Child, String) {
+    own_server_on(dir, "127.0.0.1:0", &[])
+}
+
+/// [`own_server`] listening on `listen`, with `flags`.
+fn own_server_on(dir: &Path, listen: &str, flags: &[&str]) -> (Child, String) {
     let bin = PathBuf::from(env!("CARGO_BIN_EXE_loadgen")).with_file_name("nova");
     let mut child = Command::new(bin)
-        .args(["serve", "--listen", "127.0.0.1:0", "--data-dir"])
+        .args(["serve", "--listen", listen])
+        .args(flags)
+        .arg("--data-dir")
         .arg(dir.join("data"))
         .stdout(Stdio::piped())
         .stderr(Stdio::null())
@@ -461,7 +469,7 @@ fn a_server_killed_mid_run_leaves_every_batch_counted_and_verification_incomplet
         Command::new(env!("CARGO_BIN_EXE_loadgen"))
             .args(["--url", &url, "--no-progress", "--class", "express", "--stream-prefix"])
             .args(["killed", "--rate", "1000", "--batch", "16", "--duration", "2s"])
-            .args(["--warmup", "0s", "--verify", "--consumers", "1", "--json"])
+            .args(["--warmup", "0s", "--verify", "--consumers", "1", "--drain", "3s", "--json"])
             .arg(&json),
     );
     let started = Instant::now();
@@ -495,6 +503,49 @@ fn a_server_killed_mid_run_leaves_every_batch_counted_and_verification_incomplet
     assert!(!stdout.contains("VERIFY FAILED"), "{stdout}");
     assert_eq!(r["verify"]["outcome"], "incomplete", "{r}");
     assert_eq!(r["verify"]["streams"][0]["lost"], 0, "{r}");
+}
+
+/// A server restarted mid-run (SIGTERM, then started again on its port and data): the
+/// producer reopens its session once the server is back and sends what the schedule held
+/// back meanwhile, so nothing is abandoned and every record acknowledged reads back; the
+/// follower resumes where it was and sees every record.
+#[test]
+fn a_server_restarted_mid_run_is_sent_to_again() {
+    let dir = tempfile::tempdir().expect("a temporary directory");
+    // Heartbeats as a spawned server's: the follower at the tail learns it is done.
+    let heartbeats = ["--sse-heartbeat-ms", "100"];
+    let (mut nova, url) = own_server_on(dir.path(), "127.0.0.1:0", &heartbeats);
+    let reap = Reap(nova.id());
+    let json = dir.path().join("r.json");
+    let (child, stderr, _) = start(
+        Command::new(env!("CARGO_BIN_EXE_loadgen"))
+            .args(["--url", &url, "--no-progress", "--class", "express", "--stream-prefix"])
+            .args(["restarted", "--rate", "1000", "--batch", "16", "--duration", "3s"])
+            .args(["--warmup", "0s", "--verify", "--consumers", "1", "--json"])
+            .arg(&json),
+    );
+    let authority = url.trim_start_matches("http://").trim_end_matches('/').to_owned();
+    await_tail(&authority, "restarted-0", 320);
+    signal(reap.0, "TERM");
+    assert!(nova.wait().expect("nova serve ends").success(), "a clean stop");
+    let (nova, _) = own_server_on(dir.path(), &authority, &heartbeats);
+    let _reap = Reap(nova.id());
+    let (status, stdout) =
+        finish_within(child, stderr, Duration::from_secs(120)).expect("loadgen ends");
+    let r = report(&json);
+    let appends = &r["appends"];
+    let count = |name: &str| appends[name].as_u64().unwrap_or_else(|| panic!("{name}: {appends}"));
+    let scheduled = count("scheduled_batches");
+    assert_eq!(count("abandoned_batches"), 0, "{appends}");
+    assert_eq!(count("sent_batches") + count("unsent_batches"), scheduled, "{appends}");
+    // Batches in flight when the server stopped may have failed; the rest were sent again.
+    assert!(count("acked_batches") + 10 >= scheduled, "{appends}");
+    assert_eq!(r["verify"]["outcome"], "ok", "{r}");
+    let acked_records = count("acked_batches") * 16;
+    // (A batch that failed as the server stopped may have landed, and be seen too.)
+    let seen = r["end_to_end_latency"]["count"].as_u64().unwrap_or(0);
+    assert!(seen >= acked_records, "{seen} of {acked_records} acknowledged seen: {r}");
+    assert!(matches!(status.code(), Some(0 | 3)), "{status:?}: {stdout}");
 }
 
 /// A read-back that cannot reach its tail (here one past the stream's: the pages run out

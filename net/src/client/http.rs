@@ -264,7 +264,12 @@ impl<R: BufRead> Read for Chunked<R> {
         }
         if self.left == 0 {
             let mut line = String::new();
-            self.inner.read_line(&mut line)?;
+            if self.inner.read_line(&mut line)? == 0 {
+                return Err(io::Error::new(
+                    io::ErrorKind::UnexpectedEof,
+                    "chunked body cut short: the connection closed between chunks",
+                ));
+            }
             let size = line.trim().split(';').next().unwrap_or("");
             self.left = u64::from_str_radix(size, 16).map_err(|_| {
                 io::Error::new(io::ErrorKind::InvalidData, format!("bad chunk size {line:?}"))
@@ -422,4 +427,31 @@ pub fn read_response<R: BufRead>(reader: &mut R, method: &str) -> io::Result<(Re
         reusable = false;
     }
     Ok((Response { status, headers, body }, reusable))
+}
+
+#[cfg(test)]
+mod tests {
+    use std::io::{self, Read};
+
+    use super::Chunked;
+
+    /// A connection that closes between chunks is a body cut short, as one that closes
+    /// inside a chunk is: not a malformed chunk size.
+    #[test]
+    fn a_body_cut_between_chunks_is_cut_short() {
+        let mut body = Chunked::new(&b"5\r\nhello\r\n"[..]);
+        let mut buf = [0u8; 16];
+        assert_eq!(body.read(&mut buf).unwrap(), 5);
+        assert_eq!(&buf[..5], b"hello");
+        let error = body.read(&mut buf).unwrap_err();
+        assert_eq!(error.kind(), io::ErrorKind::UnexpectedEof, "{error}");
+
+        let mut whole = Chunked::new(&b"5\r\nhello\r\n0\r\n\r\n"[..]);
+        let mut out = String::new();
+        whole.read_to_string(&mut out).unwrap();
+        assert_eq!(out, "hello");
+
+        let mut bad = Chunked::new(&b"zz\r\n"[..]);
+        assert_eq!(bad.read(&mut buf).unwrap_err().kind(), io::ErrorKind::InvalidData);
+    }
 }
