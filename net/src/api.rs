@@ -219,6 +219,7 @@ pub async fn handle(
 ) -> Result<Response<Body>, Infallible> {
     let mut in_flight = InFlight::begin(&shared, &request);
     let has_body = !hyper::body::Body::is_end_stream(request.body());
+    let version = request.version();
     let (route, answer) = route(&shared, &callers, request).await;
     let error = answer.as_ref().err().map(|error| (error.code, error.message.clone()));
     // A connection whose request body was left unread cannot carry another request (hyper
@@ -227,6 +228,11 @@ pub async fn handle(
     let mut response = answer.unwrap_or_else(error_response);
     if unread {
         response.headers_mut().insert(header::CONNECTION, HeaderValue::from_static("close"));
+        // hyper adds `keep-alive` to an answer of version 1.1 to an HTTP/1.0 client that
+        // asked for it; one of its own version it leaves alone.
+        if version == hyper::Version::HTTP_10 {
+            *response.version_mut() = version;
+        }
     }
     if let Ok(value) = HeaderValue::from_str(&in_flight.request_id) {
         for name in REQUEST_ID_HEADERS {

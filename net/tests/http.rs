@@ -1263,14 +1263,19 @@ fn an_error_before_the_body_is_read_closes_the_connection_and_says_so() {
     use std::io::{Read as _, Write as _};
     let dir = tempdir();
     let nova = Nova::start(&dir.path().join("data"));
-    for path in ["/nope", "/v1/streams/b/a%0Ab/records"] {
+    // An HTTP/1.0 client that asked to keep the connection is told `close` alone.
+    for (path, version) in
+        [("/nope", "1.1"), ("/v1/streams/b/a%0Ab/records", "1.1"), ("/nope", "1.0")]
+    {
         let mut stream = std::net::TcpStream::connect(&nova.server.authority).expect("connect");
-        let head = format!("POST {path} HTTP/1.1\r\nhost: x\r\ncontent-length: 100000\r\n\r\n");
+        let head = format!(
+            "POST {path} HTTP/{version}\r\nhost: x\r\nconnection: keep-alive\r\ncontent-length: 100000\r\n\r\n"
+        );
         stream.write_all(head.as_bytes()).expect("send the head alone");
         let mut answer = Vec::new();
         stream.read_to_end(&mut answer).expect("the answer, then the close");
         let answer = String::from_utf8_lossy(&answer).to_lowercase();
-        assert!(answer.starts_with("http/1.1 4"), "{path}: {answer}");
+        assert!(answer.starts_with(&format!("http/{version} 4")), "{path}: {answer}");
         assert!(answer.contains("\r\nconnection: close\r\n"), "{path}: {answer}");
     }
     // Two requests on one connection, sent at once: every answer until `status` came
