@@ -283,6 +283,14 @@ fn kind(value: &Value) -> &'static str {
 /// A value for an error message, cut short.
 pub(crate) fn excerpt(value: &Value) -> String {
     let text = value.to_string();
+    // A whole number past 64 bits is parsed as the nearest float, which may print as a
+    // number inside the range the message names (-2^63 - 1 prints as -2^63).
+    if let Value::Number(number) = value
+        && number.is_f64()
+        && number.as_f64().is_some_and(|f| f.fract() == 0.0 && f.abs() >= 2f64.powi(63))
+    {
+        return format!("{text} (a whole number past 64 bits, shown rounded)");
+    }
     if text.chars().count() > 64 {
         format!("{}...", text.chars().take(64).collect::<String>())
     } else {
@@ -541,6 +549,17 @@ mod tests {
         let range = "records[0].timestamp must be a whole number from -9223372036854775808 to \
                      9223372036854775807";
         assert!(error.message.contains(range), "{}", error.message);
+        // One past 64 bits is told as such, not as the in-range float it rounds to.
+        let body = br#"{"records":[{"body":"a","timestamp":-9223372036854775809}]}"#;
+        let error = append_request(body, Encoding::Text).expect_err("refused");
+        assert!(
+            error.message.ends_with("(a whole number past 64 bits, shown rounded)"),
+            "{}",
+            error.message
+        );
+        let error = stream_create(br#"{"retention_max_age_ms":18446744073709551616}"#)
+            .expect_err("refused");
+        assert!(error.message.contains("past 64 bits"), "{}", error.message);
         let error = bucket_create(br#"{"default_class":"fast"}"#).expect_err("refused");
         assert!(error.message.contains("default_class"), "{}", error.message);
     }

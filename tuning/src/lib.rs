@@ -588,7 +588,7 @@ pub const HTTP_JSON_BODY_BYTES_MAX: Knob = Knob {
     min: 1 << 20,
     max: 4 << 30,
     help: "largest JSON append body; a larger one is refused (invalid_argument) from its Content-Length, or as soon as the bytes read pass it; the content limits (limits.md) apply to the records it holds",
-    reason: "limits count content, never encoding overhead (limits.md): a body byte written as \\u0001 is 6 bytes of JSON, a one-byte header [\"\\u0001\",\"\"] 14 (at most 10 million of them), and a record's envelope about 60 (at most 100,000), so the largest valid batch in compact JSON is about 715 MB, within 768 MiB",
+    reason: "limits count content, never encoding overhead (limits.md): a body byte written as \\u0001 is 6 bytes of JSON, a one-byte header [\"\\u0001\",\"\"] 14 (at most 10 million of them), and a record's envelope about 60 (at most 100,000), so the largest valid batch in compact JSON is about 715 MB, within 768 MiB (base64 with every character written as a \\u escape is 8 bytes a byte, and can pass it: such a batch is refused naming this flag)",
 };
 
 /// Request body bytes one shard holds at once.
