@@ -195,45 +195,73 @@ fn stream_options_help() -> String {
 
 /// A failed call: the server's `code: message`, or why it could not be reached.
 fn failed(error: client::Error) -> Failure {
-    Failure::Call(error.to_string(), Box::new(error))
+    let code = error_code(&error).to_owned();
+    Failure::Call { message: error.to_string(), code, error: Box::new(error) }
 }
 
-/// A usage mistake (exit 2), or a failure (exit 1): of a call, told with its error, or
-/// of anything else.
+/// The code `--json` gives a failed call: the server's, or one of the CLI's own.
+fn error_code(error: &client::Error) -> &str {
+    match error {
+        client::Error::Api(api) => &api.code,
+        // A session's answer the API does not give.
+        client::Error::Io { error, .. } if error.kind() == std::io::ErrorKind::InvalidData => {
+            "protocol_error"
+        }
+        client::Error::Io { .. } => "connection_failed",
+        client::Error::Protocol(_) => "protocol_error",
+        client::Error::Invalid(_) => "invalid_argument",
+        client::Error::Ambiguous(_) => "outcome_unknown",
+    }
+}
+
+/// A usage mistake (exit 2), or a failure (exit 1): of a call, told with its code and
+/// error, or of anything else.
 enum Failure {
     Usage(String),
-    Call(String, Box<client::Error>),
+    Call { message: String, code: String, error: Box<client::Error> },
     Failed(String),
 }
 
 impl Failure {
+    fn message(&self) -> &str {
+        match self {
+            Failure::Usage(message) | Failure::Failed(message) => message,
+            Failure::Call { message, .. } => message,
+        }
+    }
+
     /// What `--json` writes to stderr for it, one line: `code` (the server's, or one of
     /// the CLI's own: `usage`, `connection_failed`, `protocol_error`, `invalid_argument`,
-    /// `outcome_unknown`, `failed`), `message` (the line written without `--json`), and
-    /// when the server answered, its `status` and whole error body as `error`.
+    /// `outcome_unknown`, `not_sent`, `failed`), `message` (the line written without
+    /// `--json`), and when the server answered, its `status` and whole error body as
+    /// `error`.
     fn to_json(&self) -> Value {
-        let (code, message) = match self {
-            Failure::Usage(message) => ("usage", message),
-            Failure::Failed(message) => ("failed", message),
-            Failure::Call(message, error) => (
-                match &**error {
-                    client::Error::Api(api) => api.code.as_str(),
-                    client::Error::Io { .. } => "connection_failed",
-                    client::Error::Protocol(_) => "protocol_error",
-                    client::Error::Invalid(_) => "invalid_argument",
-                    client::Error::Ambiguous(_) => "outcome_unknown",
-                },
-                message,
-            ),
+        let code = match self {
+            Failure::Usage(_) => "usage",
+            Failure::Failed(_) => "failed",
+            Failure::Call { code, .. } => code,
         };
-        let mut out = json!({"code": code, "message": message});
-        if let Failure::Call(_, error) = self
+        let mut out = json!({"code": code, "message": self.message()});
+        if let Failure::Call { error, .. } = self
             && let client::Error::Api(api) = &**error
         {
             out["status"] = json!(api.status);
             out["error"] = api.body.clone();
         }
         out
+    }
+}
+
+/// Whether failures are told as JSON (`--json`): set once the arguments are read, for
+/// what is told before the command's end ([`print_line`]).
+static JSON_ERRORS: std::sync::atomic::AtomicBool = std::sync::atomic::AtomicBool::new(false);
+
+/// Tells a failure on stderr: `nova: message`, or under `--json` one JSON object.
+fn tell(failure: &Failure) {
+    if JSON_ERRORS.load(std::sync::atomic::Ordering::Relaxed) {
+        eprintln!("{}", failure.to_json());
+    } else {
+        eprintln!("nova: {}", failure.message());
     }
 }
 
@@ -245,10 +273,6 @@ fn usage_error(message: impl Into<String>) -> Failure {
 
 /// Runs the command; the exit status.
 pub fn main(args: Vec<String>) -> i32 {
-    if matches!(args.as_slice(), [only] if only == "--version") {
-        println!("nova {}", env!("CARGO_PKG_VERSION"));
-        return 0;
-    }
     if args.first().map(String::as_str) == Some("serve") {
         if args.iter().any(|a| a == "--help" || a == "-h") {
             println!("{}", crate::serve::help());
@@ -256,7 +280,11 @@ pub fn main(args: Vec<String>) -> i32 {
         }
         let code = match crate::serve::run(&args[1..]) {
             Ok(()) => 0,
-            Err(error) => {
+            Err(crate::serve::Failure::Usage(error)) => {
+                crate::log_line!("nova serve: {error}");
+                2
+            }
+            Err(crate::serve::Failure::Failed(error)) => {
                 crate::log_line!("nova serve: {error}");
                 1
             }
@@ -269,20 +297,16 @@ pub fn main(args: Vec<String>) -> i32 {
     if args.first().map(String::as_str) == Some("doctor") {
         return crate::doctor::main(&args[1..]);
     }
+    // Arguments that cannot be read are told as JSON too when `--json` is among them.
+    let json = args.iter().any(|a| a == "--json" || a == "--json=true");
     let args = parse(args);
-    let json = args.as_ref().is_ok_and(|args| args.has("json"));
+    let json = args.as_ref().map_or(json, |args| args.has("json"));
+    JSON_ERRORS.store(json, std::sync::atomic::Ordering::Relaxed);
     match args.and_then(run) {
         Ok(()) if OUTPUT_FAILED.load(std::sync::atomic::Ordering::Relaxed) => 1,
         Ok(()) => 0,
         Err(failure) => {
-            if json {
-                eprintln!("{}", failure.to_json());
-            } else {
-                let (Failure::Usage(message)
-                | Failure::Call(message, _)
-                | Failure::Failed(message)) = &failure;
-                eprintln!("nova: {message}");
-            }
+            tell(&failure);
             if matches!(failure, Failure::Usage(_)) { 2 } else { 1 }
         }
     }
@@ -295,7 +319,7 @@ struct Args {
 }
 
 /// Flags every verb takes.
-const GLOBAL_FLAGS: &[&str] = &["json", "help", "server", "auth-token-file", "timeout"];
+const GLOBAL_FLAGS: &[&str] = &["json", "help", "version", "server", "auth-token-file", "timeout"];
 
 /// How long a call waits on the server's every read and write unless `--timeout` says.
 const DEFAULT_TIMEOUT: &str = "30s";
@@ -305,6 +329,7 @@ const DEFAULT_TIMEOUT: &str = "30s";
 const SWITCHES: &[&str] = &[
     "json",
     "help",
+    "version",
     "create-on-append",
     "create-on-read",
     "follow",
@@ -322,6 +347,15 @@ fn parse(args: Vec<String>) -> Result<Args, Failure> {
             "-h" => "help".to_owned(),
             other => match other.strip_prefix("--") {
                 Some(name) => name.to_owned(),
+                // `-x`: no flag of nova's is written so (a negative number is a value).
+                None if other.len() > 1
+                    && other.starts_with('-')
+                    && !other[1..].starts_with(|c: char| c.is_ascii_digit()) =>
+                {
+                    return Err(usage_error(format!(
+                        "unknown flag {other}; flags are written --NAME (-f and -h aside)"
+                    )));
+                }
                 None => {
                     positional.push(arg);
                     continue;
@@ -342,6 +376,13 @@ fn parse(args: Vec<String>) -> Result<Args, Failure> {
         } else {
             let value =
                 iter.next().ok_or_else(|| usage_error(format!("--{name} needs a value")))?;
+            // `--token --json` forgot the token: never take a flag for a value.
+            if value.starts_with("--") {
+                return Err(usage_error(format!(
+                    "--{name} needs a value, not the flag {value} (a value starting with -- \
+                     is written --{name}={value})"
+                )));
+            }
             flags.push((name, Some(value)));
         }
     }
@@ -582,7 +623,7 @@ fn print_line(line: impl std::fmt::Display) {
         && error.kind() != std::io::ErrorKind::BrokenPipe
         && !OUTPUT_FAILED.swap(true, std::sync::atomic::Ordering::Relaxed)
     {
-        eprintln!("nova: writing to stdout failed: {error}");
+        tell(&Failure::Failed(format!("writing to stdout failed: {error}")));
     }
 }
 
@@ -671,8 +712,26 @@ fn run(args: Args) -> Outcome {
                     GLOBAL_FLAGS.join(", --")
                 )));
             }
-            print!("{}", usage());
+            if args.has("version") {
+                let version = env!("CARGO_PKG_VERSION");
+                if args.has("json") {
+                    print_line(json!({"version": version}));
+                } else {
+                    print_line(format_args!("nova {version}"));
+                }
+                return Ok(());
+            }
+            if args.has("help") || !args.has("json") {
+                print!("{}", usage());
+            }
             return if args.has("help") { Ok(()) } else { Err(usage_error("no verb given")) };
+        }
+        // `serve` and `doctor` take their own flags, after them.
+        ["serve" | "doctor", ..] => {
+            return Err(usage_error(format!(
+                "{} takes no flags before it: write nova {} [its flags]",
+                verb[0], verb[0]
+            )));
         }
         ["bucket" | "stream" | "token", sub, ..] => format!("{} {sub}", verb[0]),
         [one, ..] => (*one).to_owned(),
@@ -717,7 +776,9 @@ fn run(args: Args) -> Outcome {
     let client = Client::new(&url)
         .and_then(|client| client.with_token(token))
         .map_err(|e| usage_error(e.to_string()))?
-        .with_timeout(Some(Duration::from_millis(timeout)));
+        .with_timeout(Some(Duration::from_millis(timeout)))
+        // A call the server never answers fails after --timeout, not after three of them.
+        .with_timeouts_repeated(false);
     let timeout = (timeout > 0).then(|| Duration::from_millis(timeout));
     let session = Session { client, json: args.has("json"), timeout };
     let rest: Vec<&str> = match verb.as_slice() {
@@ -1043,17 +1104,35 @@ const APPEND_LINES_AHEAD: usize = 64;
 /// One input line of `nova append` (without its end of line), or the read's failure.
 type InputLine = std::io::Result<Vec<u8>>;
 
+/// The longest input line `append` reads: the largest record any server takes
+/// (`--record-bytes-max` at its most) and its end of line. A longer line could never be
+/// appended, and is not held whole to find that out.
+const APPEND_LINE_BYTES_MAX: u64 = tuning::RECORD_BYTES_MAX.max + 2;
+
 /// Reads stdin on a thread of its own, so that `append` can send a partial batch when
 /// the input pauses. The channel ends at the end of the input; the thread ends there,
-/// or at exit when the process stops reading earlier.
+/// at a line longer than [`APPEND_LINE_BYTES_MAX`] (an error), or at exit when the
+/// process stops reading earlier.
 fn stdin_lines() -> std::sync::mpsc::Receiver<InputLine> {
     let (tx, rx) = std::sync::mpsc::sync_channel(APPEND_LINES_AHEAD);
     std::thread::spawn(move || {
         let mut input = std::io::stdin().lock();
-        loop {
+        for number in 1u64.. {
             let mut line = Vec::new();
-            let read = match input.read_until(b'\n', &mut line) {
+            let read = match std::io::Read::take(&mut input, APPEND_LINE_BYTES_MAX)
+                .read_until(b'\n', &mut line)
+            {
                 Ok(0) => return,
+                Ok(n) if n as u64 == APPEND_LINE_BYTES_MAX && !line.ends_with(b"\n") => {
+                    Err(std::io::Error::new(
+                        std::io::ErrorKind::InvalidData,
+                        format!(
+                            "line {number} is longer than any record a server takes (over {} \
+                             bytes, --record-bytes-max at its largest)",
+                            tuning::RECORD_BYTES_MAX.max
+                        ),
+                    ))
+                }
                 Ok(_) => Ok(line),
                 Err(error) => Err(error),
             };
@@ -1145,8 +1224,9 @@ fn append(session: &Session, address: &Address, args: &Args) -> Outcome {
             batch: copy,
             conditions,
         });
-        // A conditional append continues where the previous batch ends.
-        match_seq_num = match_seq_num.map(|n| n + lines);
+        // A conditional append continues where the previous batch ends (one past the
+        // last seq_num there is cannot match: the server refuses it).
+        match_seq_num = match_seq_num.map(|n| n.saturating_add(lines));
         batch.clear();
         Ok(())
     };
@@ -1165,6 +1245,11 @@ fn append(session: &Session, address: &Address, args: &Args) -> Outcome {
             if input_done { Err(RecvTimeoutError::Disconnected) } else { input.recv_timeout(wait) };
         let (line, mut ended) = match received {
             Ok(Ok(line)) => (Some(line), false),
+            // A line too long to be a record says so itself.
+            Ok(Err(error)) if error.kind() == std::io::ErrorKind::InvalidData => {
+                input_failed = Some(error.to_string());
+                (None, true)
+            }
             Ok(Err(error)) => {
                 input_failed =
                     Some(format!("reading stdin after line {lines_read} failed: {error}"));
@@ -1453,7 +1538,15 @@ impl Answers {
             if let Some(input_failed) = input_failed {
                 message.push_str(&format!("; and {input_failed}"));
             }
-            return Err(Failure::Call(message, Box::new(error)));
+            // What a script needs to know first: whether the batch may have landed.
+            let code = if error.outcome_unknown() {
+                "outcome_unknown"
+            } else if let client::Error::Invalid(_) = error {
+                "not_sent"
+            } else {
+                error_code(&error)
+            };
+            return Err(Failure::Call { message, code: code.to_owned(), error: Box::new(error) });
         }
         if let Some(input_failed) = input_failed {
             // Everything before the failure was appended; nothing after it was read.
@@ -1786,6 +1879,11 @@ fn follow(session: &Session, address: &Address, mut options: ReadOptions) -> Out
                         if delivered == 0 && !matches!(options.start, Start::SeqNum(_)) {
                             options.start = Start::SeqNum(tail.seq_num);
                         }
+                        // `read -f | head -1`: the reader took what it wanted and went,
+                        // which an idle stream gives no write to find out.
+                        if stdout_reader_gone() {
+                            return Ok(());
+                        }
                     }
                 }
                 continue;
@@ -1805,6 +1903,15 @@ fn follow(session: &Session, address: &Address, mut options: ReadOptions) -> Out
         let (since, wait) = cut.get_or_insert((Instant::now(), RESUME_BACKOFF_FIRST));
         subscription = resume(session, address, &options, *since, wait)?;
     }
+}
+
+/// Whether stdout is a pipe or socket whose reader has closed it, told by poll(2) with
+/// nothing written (POLLERR on a pipe's write end, POLLHUP on a socket).
+fn stdout_reader_gone() -> bool {
+    let mut stdout = libc::pollfd { fd: libc::STDOUT_FILENO, events: 0, revents: 0 };
+    // SAFETY: one valid pollfd, and no wait.
+    let ready = unsafe { libc::poll(&mut stdout, 1, 0) };
+    ready == 1 && stdout.revents & (libc::POLLERR | libc::POLLHUP) != 0
 }
 
 /// Opens the subscription again, waiting between tries (the wait doubling, kept across
@@ -1846,7 +1953,9 @@ mod tests {
 
     fn failure(answers: Answers) -> String {
         match answers.outcome(false, None) {
-            Err(Failure::Call(message, _) | Failure::Failed(message)) => message,
+            Err(failure @ (Failure::Call { .. } | Failure::Failed(_))) => {
+                failure.message().to_owned()
+            }
             Ok(()) | Err(Failure::Usage(_)) => panic!("not a failed call"),
         }
     }

@@ -301,8 +301,26 @@ fn to_usize(value: u64) -> usize {
     usize::try_from(value).unwrap_or(usize::MAX)
 }
 
+/// Why `nova serve` did not run: a usage mistake (its flags, or their variables: exit 2),
+/// or anything else (exit 1).
+pub enum Failure {
+    Usage(String),
+    Failed(String),
+}
+
 /// Runs the server until a stop signal; `Err` says why it could not start.
-pub fn run(args: &[String]) -> Result<(), String> {
+pub fn run(args: &[String]) -> Result<(), Failure> {
+    let flags = flags(args).map_err(Failure::Usage)?;
+    // Every knob's value, from its flag or variable, is checked before anything starts.
+    for &k in tuning::KNOBS {
+        knob(&flags, k).map_err(Failure::Usage)?;
+    }
+    let setup = configure(&flags).map_err(Failure::Usage)?;
+    serve(setup).map_err(Failure::Failed)
+}
+
+/// `nova serve`'s flags: (name, value) pairs, each flag known.
+fn flags(args: &[String]) -> Result<Vec<(String, String)>, String> {
     let mut flags: Vec<(String, String)> = Vec::new();
     let mut rest = args.iter();
     while let Some(arg) = rest.next() {
@@ -332,25 +350,35 @@ pub fn run(args: &[String]) -> Result<(), String> {
         };
         flags.push((name.to_owned(), value));
     }
-    let listen_text = tuning::LISTEN.resolve(flag_value(&flags, "listen"));
-    let data_dir = tuning::DATA_DIR.resolve(flag_value(&flags, "data-dir"));
-    let mut listen: SocketAddr = listen_text
+    Ok(flags)
+}
+
+/// What `nova serve`'s flags and variables make: everything the server starts with.
+struct Setup {
+    listen: SocketAddr,
+    data_dir: String,
+    config: NodeConfig,
+    server_config: ServerConfig,
+    log_queue_lines: u64,
+}
+
+/// The server's setup from `flags` (and the variables): `Err` is a usage mistake.
+fn configure(flags: &[(String, String)]) -> Result<Setup, String> {
+    let listen_text = tuning::LISTEN.resolve(flag_value(flags, "listen"));
+    let data_dir = tuning::DATA_DIR.resolve(flag_value(flags, "data-dir"));
+    let listen: SocketAddr = listen_text
         .to_socket_addrs()
         .map_err(|e| format!("--listen {listen_text:?} is not an address: {e}"))?
         .next()
         .ok_or_else(|| format!("--listen {listen_text:?} resolves to no address"))?;
-    // A plain bind (no SO_REUSEPORT) finds a port already taken, by another nova too,
-    // whose shards would otherwise share it silently; port 0 picks one free port for
-    // every shard.
-    listen = probe_port(listen)?;
 
-    let switch = |name: &str| match flag_value(&flags, name) {
+    let switch = |name: &str| match flag_value(flags, name) {
         None | Some("false") => Ok(false),
         Some("true") => Ok(true),
         Some(other) => Err(format!("--{name} is true or false, not {other:?}")),
     };
     let insecure = switch(INSECURE_NO_AUTH)?;
-    let auth = auth(&flags)?;
+    let auth = auth(flags)?;
     match (&auth, insecure) {
         (Some(_), true) => {
             return Err(format!(
@@ -388,7 +416,7 @@ pub fn run(args: &[String]) -> Result<(), String> {
     }
 
     let mut config = NodeConfig::new(&data_dir);
-    let journal_dir = tuning::JOURNAL_DIR.resolve(flag_value(&flags, "journal-dir"));
+    let journal_dir = tuning::JOURNAL_DIR.resolve(flag_value(flags, "journal-dir"));
     if !journal_dir.is_empty() {
         config.journal_dir = Some(journal_dir.into());
     }
@@ -399,18 +427,18 @@ pub fn run(args: &[String]) -> Result<(), String> {
              records only it held are lost, and their sequence numbers may be handed out again"
         );
     }
-    if let Some(objects) = object_store(&flags)? {
+    if let Some(objects) = object_store(flags)? {
         config.objects = objects;
     }
-    config.apply_knobs(&mut |k| knob(&flags, k))?;
+    config.apply_knobs(&mut |k| knob(flags, k))?;
     let mut server_config = ServerConfig::new(listen);
-    server_config.connections_max = knob(&flags, tuning::HTTP_CONNECTIONS_MAX)?;
+    server_config.connections_max = knob(flags, tuning::HTTP_CONNECTIONS_MAX)?;
     server_config.auth = auth;
     let settings = &mut server_config.settings;
-    settings.body_bytes_max = knob(&flags, tuning::HTTP_BODY_BYTES_MAX)?;
-    settings.json_body_bytes_max = knob(&flags, tuning::HTTP_JSON_BODY_BYTES_MAX)?;
-    settings.body_memory_bytes = knob(&flags, tuning::HTTP_BODY_MEMORY_BYTES)?;
-    settings.session_in_flight_max = knob(&flags, tuning::HTTP_SESSION_IN_FLIGHT_MAX)?;
+    settings.body_bytes_max = knob(flags, tuning::HTTP_BODY_BYTES_MAX)?;
+    settings.json_body_bytes_max = knob(flags, tuning::HTTP_JSON_BODY_BYTES_MAX)?;
+    settings.body_memory_bytes = knob(flags, tuning::HTTP_BODY_MEMORY_BYTES)?;
+    settings.session_in_flight_max = knob(flags, tuning::HTTP_SESSION_IN_FLIGHT_MAX)?;
     // A JSON body is held twice: as it arrives, and joined for the parser.
     for (limit, times, held) in [
         (tuning::HTTP_BODY_BYTES_MAX, 1, settings.body_bytes_max),
@@ -426,22 +454,31 @@ pub fn run(args: &[String]) -> Result<(), String> {
             ));
         }
     }
-    server_config.settings.response_memory_bytes =
-        knob(&flags, tuning::HTTP_RESPONSE_MEMORY_BYTES)?;
-    server_config.settings.head_bytes_max = knob(&flags, tuning::HTTP_HEAD_BYTES_MAX)?;
+    server_config.settings.response_memory_bytes = knob(flags, tuning::HTTP_RESPONSE_MEMORY_BYTES)?;
+    server_config.settings.head_bytes_max = knob(flags, tuning::HTTP_HEAD_BYTES_MAX)?;
     server_config.settings.idle_timeout =
-        Duration::from_millis(knob(&flags, tuning::HTTP_IDLE_TIMEOUT_MS)?);
+        Duration::from_millis(knob(flags, tuning::HTTP_IDLE_TIMEOUT_MS)?);
     server_config.settings.shutdown_idle =
-        Duration::from_millis(knob(&flags, tuning::HTTP_SHUTDOWN_IDLE_MS)?);
+        Duration::from_millis(knob(flags, tuning::HTTP_SHUTDOWN_IDLE_MS)?);
     server_config.settings.peer_gone =
-        Duration::from_millis(knob(&flags, tuning::HTTP_PEER_GONE_MS)?);
-    server_config.settings.log_slow =
-        Duration::from_millis(knob(&flags, tuning::HTTP_LOG_SLOW_MS)?);
-    server_config.settings.log_lines_per_second = knob(&flags, tuning::HTTP_LOG_LINES_PER_SECOND)?;
+        Duration::from_millis(knob(flags, tuning::HTTP_PEER_GONE_MS)?);
+    server_config.settings.log_slow = Duration::from_millis(knob(flags, tuning::HTTP_LOG_SLOW_MS)?);
+    server_config.settings.log_lines_per_second = knob(flags, tuning::HTTP_LOG_LINES_PER_SECOND)?;
     server_config.settings.heartbeat =
-        Duration::from_millis(knob(&flags, tuning::SSE_HEARTBEAT_MS)?);
+        Duration::from_millis(knob(flags, tuning::SSE_HEARTBEAT_MS)?);
 
-    let log_queue_lines = knob(&flags, tuning::LOG_QUEUE_LINES)?;
+    let log_queue_lines = knob(flags, tuning::LOG_QUEUE_LINES)?;
+    Ok(Setup { listen, data_dir, config, server_config, log_queue_lines })
+}
+
+/// Serves `setup` until a stop signal; `Err` says why it could not start.
+fn serve(setup: Setup) -> Result<(), String> {
+    let Setup { listen, data_dir, config, mut server_config, log_queue_lines } = setup;
+    // A plain bind (no SO_REUSEPORT) finds a port already taken, by another nova too,
+    // whose shards would otherwise share it silently; port 0 picks one free port for
+    // every shard.
+    let listen = probe_port(listen)?;
+    server_config.listen = listen;
     crate::log::start(usize::try_from(log_queue_lines).unwrap_or(usize::MAX))
         .map_err(|e| format!("cannot start the log writer thread: {e}"))?;
 

@@ -68,8 +68,8 @@ fn issue(nova: &Nova, grants: &[&str]) -> (String, String) {
     (token, id)
 }
 
-/// `nova serve` with `flags` and `env`, which must refuse to start (exit 1) before it
-/// touches its data directory; its stderr.
+/// `nova serve` with `flags` and `env`, which must refuse to start (exit 2, a usage
+/// mistake) before it touches its data directory; its stderr.
 fn serve_refused(dir: &Path, flags: &[&str], env: &[(&str, &str)]) -> String {
     let data = dir.join("refused");
     let out = Command::new(env!("CARGO_BIN_EXE_nova"))
@@ -81,7 +81,7 @@ fn serve_refused(dir: &Path, flags: &[&str], env: &[(&str, &str)]) -> String {
         .output()
         .expect("run nova serve");
     let stderr = String::from_utf8_lossy(&out.stderr).into_owned();
-    assert_eq!(out.status.code(), Some(1), "{flags:?} {env:?}: {stderr}");
+    assert_eq!(out.status.code(), Some(2), "{flags:?} {env:?}: {stderr}");
     assert!(!data.exists(), "refused before it touched the disk: {flags:?}");
     stderr
 }

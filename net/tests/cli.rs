@@ -225,6 +225,7 @@ fn arguments_that_are_not_utf8_are_refused() {
     assert!(error.contains("argument 4") && error.contains("UTF-8"), "{error}");
 }
 
+/// `nova serve`'s flag mistakes (and its variables') are usage mistakes: exit 2.
 #[test]
 fn serve_refuses_flags_it_cannot_use() {
     for (flags, named) in [
@@ -255,23 +256,29 @@ fn serve_refuses_flags_it_cannot_use() {
             .output()
             .expect("run nova serve");
         let stderr = String::from_utf8_lossy(&out.stderr);
-        assert_eq!(out.status.code(), Some(1), "{flags:?}: {stderr}");
+        assert_eq!(out.status.code(), Some(2), "{flags:?}: {stderr}");
         assert!(stderr.contains(named), "{flags:?}: {stderr}");
     }
     // The object-store settings' variables are held to the same rules.
-    for (variable, named) in [
-        ("NOVA_S3_PREFIX", "NOVA_S3_PREFIX is set, but neither --s3-bucket nor NOVA_S3_BUCKET"),
-        ("NOVA_S3_PATH_STYLE", "NOVA_S3_PATH_STYLE is set"),
-        ("NOVA_S3_ATTEMPTS_MAX", "NOVA_S3_ATTEMPTS_MAX is set"),
+    for (variable, value, named) in [
+        (
+            "NOVA_S3_PREFIX",
+            "x",
+            "NOVA_S3_PREFIX is set, but neither --s3-bucket nor NOVA_S3_BUCKET",
+        ),
+        ("NOVA_S3_PATH_STYLE", "x", "NOVA_S3_PATH_STYLE is set"),
+        ("NOVA_S3_ATTEMPTS_MAX", "3", "NOVA_S3_ATTEMPTS_MAX is set"),
+        // A knob's value is checked first, whatever else is wrong.
+        ("NOVA_S3_ATTEMPTS_MAX", "x", "(from NOVA_S3_ATTEMPTS_MAX): \"x\" is not a whole number"),
     ] {
         let out = Command::new(env!("CARGO_BIN_EXE_nova"))
             .args(["serve", "--listen", "127.0.0.1:0", "--data-dir"])
             .arg(tempfile::tempdir().expect("tempdir").path().join("data"))
-            .env(variable, "x")
+            .env(variable, value)
             .output()
             .expect("run nova serve");
         let stderr = String::from_utf8_lossy(&out.stderr);
-        assert_eq!(out.status.code(), Some(1), "{variable}: {stderr}");
+        assert_eq!(out.status.code(), Some(2), "{variable}: {stderr}");
         assert!(stderr.contains(named), "{variable}: {stderr}");
     }
 }
@@ -562,6 +569,88 @@ fn failures_under_json_are_json() {
     let unreachable = ["--json", "--server", "http://127.0.0.1:1", "--timeout", "2s", "ls"];
     let unreachable = error(&unreachable, None, 1);
     assert_eq!(unreachable["code"], "connection_failed", "{unreachable}");
+
+    // Arguments that cannot be read are told as JSON too.
+    let usage = error(&["--json", "read", "nova://app/s", "--count"], None, 2);
+    assert_eq!(usage["code"], "usage", "{usage}");
+
+    // An append sent to a server that never answers may have landed: a script is told
+    // so first, and after one --timeout (not one per attempt).
+    let silent = std::net::TcpListener::bind("127.0.0.1:0").expect("a silent listener");
+    let url = format!("http://{}", silent.local_addr().expect("its address"));
+    let args = ["--json", "--server", &url, "--timeout", "1s", "append", "nova://app/s"];
+    let started = std::time::Instant::now();
+    let unknown = error(&args, Some("a\n"), 1);
+    assert_eq!(unknown["code"], "outcome_unknown", "{unknown}");
+    assert!(started.elapsed() < std::time::Duration::from_secs(3), "{:?}", started.elapsed());
+
+    // The largest match_seq_num is refused by the server, never a crash in the CLI.
+    let args = ["--json", "append", "nova://app/s", "--match-seq-num", "18446744073709551615"];
+    let refused = error(&args, Some("a\nb\n"), 1);
+    assert_eq!(refused["code"], "failed_precondition", "{refused}");
+}
+
+/// A flag that takes a value never takes the flag after it, a `-x` is no flag, and
+/// `serve` and `doctor` come first; `--version` goes with `--json`.
+#[test]
+fn flags_are_never_taken_for_values_nor_verbs_for_arguments() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let server = Nova::start(dir.path());
+    ok(&server, &["bucket", "create", "app", "--create-on-append"], None);
+    ok(&server, &["append", "nova://app/s"], Some("a\n"));
+    let stderr = fails(&server, &["fence", "nova://app/s", "--token", "--json"], None, 2);
+    assert!(stderr.contains("--token needs a value, not the flag --json"), "{stderr}");
+    let stream = json_of(&server, &["--json", "stream", "get", "nova://app/s"]);
+    assert_eq!(stream["fencing_token"], Value::Null, "nothing was fenced: {stream}");
+    let stderr =
+        fails(&server, &["bucket", "create", "b", "--location", "--create-on-read"], None, 2);
+    assert!(stderr.contains("--location needs a value"), "{stderr}");
+    // The value is given with `=` when it does start with --.
+    ok(&server, &["fence", "nova://app/s", "--token=--odd"], None);
+
+    let stderr = fails(&server, &["read", "nova://app/s", "-x"], None, 2);
+    assert!(stderr.contains("unknown flag -x"), "{stderr}");
+    let stderr = fails(&server, &["--timeout", "5s", "serve"], None, 2);
+    assert!(stderr.contains("serve takes no flags before it"), "{stderr}");
+
+    let version = json_of(&server, &["--json", "--version"]);
+    assert_eq!(version["version"], env!("CARGO_PKG_VERSION"), "{version}");
+}
+
+/// `read -f | head -1`: once its reader has closed the pipe, a follow of a stream with
+/// nothing new ends at the next heartbeat rather than wait for a record to write.
+#[test]
+fn follow_ends_when_its_reader_has_gone() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let server = Nova::start_with(dir.path(), &["--sse-heartbeat-ms", "300"], &[]);
+    ok(&server, &["bucket", "create", "app", "--create-on-append"], None);
+    ok(&server, &["append", "nova://app/s"], Some("one\n"));
+    let (mut child, mut lines) = follow(&server, "nova://app/s", &["--from-seq", "0"]);
+    assert_eq!(lines.next().expect("a line").expect("read it"), "one");
+    drop(lines);
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(20);
+    let status = loop {
+        if let Some(status) = child.try_wait().expect("wait for the follower") {
+            break status;
+        }
+        assert!(std::time::Instant::now() < deadline, "the follower goes on with no reader");
+        std::thread::sleep(std::time::Duration::from_millis(20));
+    };
+    assert!(status.success(), "{status:?}");
+}
+
+/// `append` refuses a line longer than any record, without holding it whole.
+#[test]
+fn append_refuses_a_line_longer_than_any_record() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let server = Nova::start(dir.path());
+    ok(&server, &["bucket", "create", "app", "--create-on-append"], None);
+    let long = format!("first\n{}\nlast\n", "x".repeat(17 << 20));
+    let stderr = fails(&server, &["append", "nova://app/s"], Some(&long), 1);
+    assert!(stderr.contains("line 2 is longer than any record a server takes"), "{stderr}");
+    assert!(stderr.contains("1 record before it was appended"), "{stderr}");
+    let tail = json_of(&server, &["--json", "tail", "nova://app/s"]);
+    assert_eq!(tail["tail"]["seq_num"], 1, "{tail}");
 }
 
 /// A flag before the verb that nova does not know takes the verb for its value: the

@@ -3521,7 +3521,8 @@ fn pin_cores_puts_each_shard_and_the_uploader_on_a_core_of_its_own() {
         assert_eq!(allowed(&nova, "nova-uploader"), uploader);
         drop(nova);
     }
-    // More shards than cores (or cores with gaps): refused before anything starts.
+    // More shards than cores (or cores with gaps): refused before anything starts, as a
+    // usage mistake.
     let shards = (ours.len() + 1).to_string();
     let out = std::process::Command::new(env!("CARGO_BIN_EXE_nova"))
         .args(["serve", "--listen", "127.0.0.1:0", "--pin-cores", "1", "--shards", &shards])
@@ -3530,6 +3531,6 @@ fn pin_cores_puts_each_shard_and_the_uploader_on_a_core_of_its_own() {
         .output()
         .expect("run nova serve");
     let stderr = String::from_utf8_lossy(&out.stderr);
-    assert_eq!(out.status.code(), Some(1), "{stderr}");
+    assert_eq!(out.status.code(), Some(2), "{stderr}");
     assert!(stderr.contains("--pin-cores 1 needs a core of its own"), "{stderr}");
 }
