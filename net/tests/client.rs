@@ -628,6 +628,90 @@ fn a_read_refused_with_retry_after_is_sent_again_after_it() {
     });
 }
 
+/// A gateway's error without nova's error body (a proxy's 503 when it cannot reach the
+/// server) is a failed connection: transient, so a read is sent again and goes through,
+/// and with an append's outcome unknown.
+#[test]
+fn a_gateways_bare_error_is_a_failed_connection() {
+    use s3::testing::{Fault, Proxy};
+    const GATEWAY: &str = "HTTP/1.1 503 Service Unavailable\r\ncontent-type: text/plain\r\n\
+                           content-length: 19\r\nconnection: close\r\n\r\nno healthy upstream";
+    let dir = tempfile::tempdir().expect("a temporary directory");
+    let nova = Nova::start_with(&dir.path().join("data"), &[], &[]);
+    let direct = Client::new(&nova.url).expect("url");
+    autocreating(&direct, "gateway", StorageClass::Express);
+    let address = Address::new("gateway", "k");
+    direct.append(&address, &batch(&["a", "b"]), &Conditions::default()).expect("append");
+    let port = nova.server.authority.rsplit(':').next().and_then(|p| p.parse().ok());
+    let port: u16 = port.expect("a port");
+
+    let proxy = Proxy::start(port, vec![Fault::Answer(GATEWAY)]);
+    let client = Client::new(&proxy.endpoint()).expect("url").with_attempts(2);
+    let tail = client.check_tail(&address).expect("sent again past the gateway's 503");
+    assert_eq!((tail.seq_num, proxy.accepted()), (2, 2));
+
+    let proxy = Proxy::start(port, vec![Fault::Answer(GATEWAY)]);
+    let once = Client::new(&proxy.endpoint()).expect("url").with_attempts(1);
+    let error = once.check_tail(&address).expect_err("the gateway's answer");
+    assert!(matches!(error, Error::Io { .. }) && error.transient(), "{error}");
+    assert!(error.outcome_unknown(), "{error}");
+    let message = error.to_string();
+    assert!(message.contains("HTTP 503") && message.contains("no healthy upstream"), "{message}");
+}
+
+/// A guarded append whose first attempt landed unheard, and whose retry is refused for
+/// something that does not show it did not land, fails with its outcome unknown: a new
+/// writer fenced the stream meanwhile (the fencing token is checked before
+/// `match_seq_num`, so the refusal has no tail), or appended past the batch's tail.
+#[test]
+fn a_guarded_append_refused_after_an_unknown_attempt_is_ambiguous() {
+    use s3::testing::{Fault, Proxy};
+    let dir = tempfile::tempdir().expect("a temporary directory");
+    let nova = Nova::start_with(&dir.path().join("data"), &[], &[]);
+    let direct = Client::new(&nova.url).expect("url");
+    autocreating(&direct, "guarded", StorageClass::Express);
+    let port = nova.server.authority.rsplit(':').next().and_then(|p| p.parse().ok());
+    let port: u16 = port.expect("a port");
+    let writer = |token: &str, seq_num| Conditions {
+        match_seq_num: Some(seq_num),
+        fencing_token: Some(token.into()),
+    };
+    // Between the attempt that landed unheard and the last (the one in the middle is
+    // held unanswered until it times out), `meanwhile` runs on the stream.
+    let append_with = |key: &str, meanwhile: &dyn Fn(&Address)| {
+        let address = Address::new("guarded", key);
+        direct.create_stream(&address, &StreamOptions::default(), None).expect("create");
+        let tail = direct.fence(&address, "w1", None).expect("fence for the first writer");
+        let proxy = Proxy::start(port, vec![Fault::DropResponse, Fault::Stall]);
+        let client = Client::new(&proxy.endpoint())
+            .expect("url")
+            .with_timeout(Some(std::time::Duration::from_secs(2)));
+        std::thread::scope(|scope| {
+            let appending = scope.spawn(|| {
+                client.append(&address, &batch(&["a", "b"]), &writer("w1", tail.seq_num))
+            });
+            while proxy.accepted() < 2 {
+                std::thread::sleep(std::time::Duration::from_millis(5));
+            }
+            meanwhile(&address);
+            let error = appending.join().expect("the append ends").expect_err("refused");
+            assert!(matches!(error, Error::Ambiguous(_)) && error.outcome_unknown(), "{error}");
+            assert!(!error.transient(), "{error}");
+        });
+        let page = direct.read(&address, &ReadOptions::default()).expect("read");
+        let bodies = bodies(&page.records);
+        assert_eq!(bodies.iter().filter(|b| *b == "a").count(), 1, "landed once: {bodies:?}");
+    };
+    append_with("fenced", &|address| {
+        direct.fence(address, "w2", Some("w1")).expect("a new writer fences");
+    });
+    append_with("moved", &|address| {
+        let tail = direct.check_tail(address).expect("tail").seq_num;
+        let more = batch(&["c", "d", "e"]);
+        direct.append(address, &more, &writer("w1", tail)).expect("another append");
+    });
+}
+
 /// A guarded append whose first attempt landed unheard (its answer dropped on the way),
 /// and whose retry is refused with the tail the batch itself made, fails with its outcome
 /// unknown, never as a refusal; it landed once. A retry that finds another tail is still
@@ -650,7 +734,7 @@ fn a_guarded_append_whose_retry_finds_its_own_tail_fails_with_its_outcome_unknow
         .expect_err("the retry finds the tail the first attempt made");
     assert!(matches!(error, Error::Ambiguous(_)) && error.outcome_unknown(), "{error}");
     assert!(!error.transient(), "sending it again cannot tell: {error}");
-    assert!(error.to_string().contains("next_seq_num 3"), "{error}");
+    assert!(error.to_string().contains("would have made the tail 3"), "{error}");
     assert_eq!(direct.check_tail(&address).expect("tail").seq_num, 3, "landed once");
     // Another writer's tail: a plain refusal, nothing landed.
     let refused = client.append(&address, &batch(&["x"]), &guarded(1)).expect_err("refused");

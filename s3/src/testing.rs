@@ -140,6 +140,9 @@ pub enum Fault {
     DropResponse,
     /// Read the request and never answer.
     Stall,
+    /// Answer with these bytes (a whole HTTP response) without passing the request on, as
+    /// a gateway that cannot reach its upstream does, and close.
+    Answer(&'static str),
 }
 
 /// A TCP proxy in front of `upstream` that applies `script` to the connections it
@@ -178,6 +181,9 @@ impl Proxy {
                     Fault::Reset => drop(client),
                     Fault::Stall => {
                         keep.lock().expect("the held list").push(client);
+                    }
+                    Fault::Answer(response) => {
+                        thread::spawn(move || answer(client, response));
                     }
                     Fault::Forward | Fault::DropResponse => {
                         let Ok(server) = TcpStream::connect(("127.0.0.1", upstream)) else {
@@ -219,6 +225,24 @@ impl Drop for Proxy {
         for stream in self.held.lock().expect("the held list").drain(..) {
             let _ = stream.shutdown(Shutdown::Both);
         }
+    }
+}
+
+/// Reads a request's head, answers `response` and closes; what else the client sends is
+/// read and thrown away until it closes too, so the close does not reset the connection
+/// under the answer.
+fn answer(mut client: TcpStream, response: &str) {
+    let mut head = Vec::new();
+    let mut chunk = [0u8; 4096];
+    while !head.windows(4).any(|w| w == b"\r\n\r\n") {
+        match client.read(&mut chunk) {
+            Ok(0) | Err(_) => return,
+            Ok(n) => head.extend_from_slice(&chunk[..n]),
+        }
+    }
+    if client.write_all(response.as_bytes()).is_ok() && client.shutdown(Shutdown::Write).is_ok() {
+        let _ = client.set_read_timeout(Some(Duration::from_secs(10)));
+        while matches!(client.read(&mut chunk), Ok(n) if n > 0) {}
     }
 }
 

@@ -14,6 +14,8 @@ pub struct Server {
     pub authority: String,
     /// Sent as `Authorization: Bearer <token>`.
     token: Option<String>,
+    /// The longest a connection is tried for, whatever the call's own timeout.
+    connect_timeout: Option<Duration>,
 }
 
 impl std::fmt::Debug for Server {
@@ -22,6 +24,7 @@ impl std::fmt::Debug for Server {
         f.debug_struct("Server")
             .field("authority", &self.authority)
             .field("token", &self.token.as_ref().map(|_| "(set)"))
+            .field("connect_timeout", &self.connect_timeout)
             .finish()
     }
 }
@@ -37,7 +40,7 @@ impl Server {
         }
         let authority =
             if authority.contains(':') { authority.to_owned() } else { format!("{authority}:80") };
-        Ok(Server { authority, token: None })
+        Ok(Server { authority, token: None, connect_timeout: None })
     }
 
     /// Every request carries `token` (None, or an empty one: no Authorization header).
@@ -55,6 +58,13 @@ impl Server {
         }
         self.token = token;
         Ok(self)
+    }
+
+    /// Each connection is tried for at most `timeout` (and at most the call's own
+    /// timeout); None: the call's timeout alone.
+    pub fn with_connect_timeout(mut self, timeout: Option<Duration>) -> Self {
+        self.connect_timeout = timeout;
+        self
     }
 }
 
@@ -117,7 +127,7 @@ impl Streaming {
     /// Reads the rest of the body.
     pub fn finish(mut self) -> io::Result<Response> {
         let mut body = Vec::new();
-        self.body.read_to_end(&mut body)?;
+        read_body(&mut self.body, None, &mut body)?;
         Ok(Response { status: self.status, headers: self.headers, body })
     }
 }
@@ -143,13 +153,18 @@ pub fn open(
     body: Option<&[u8]>,
     timeout: Option<Duration>,
 ) -> io::Result<Streaming> {
-    open_on(connect(&server.authority, timeout)?, server, method, path, headers, body, timeout)
+    open_on(connect(server, timeout)?, server, method, path, headers, body, timeout)
 }
 
-/// A connection to `authority` (`host:port`), each of its addresses tried in turn for at
-/// most `timeout` (None: as long as the kernel tries, about two minutes), so that an
-/// unreachable host fails a call within the client's timeout too.
-pub fn connect(authority: &str, timeout: Option<Duration>) -> io::Result<TcpStream> {
+/// A connection to `server`, each of its addresses tried in turn for at most `timeout`
+/// or its connect timeout, the shorter (neither: as long as the kernel tries, about two
+/// minutes), so that an unreachable host fails a call within the client's timeout too.
+pub fn connect(server: &Server, timeout: Option<Duration>) -> io::Result<TcpStream> {
+    let authority = &server.authority;
+    let timeout = match (timeout, server.connect_timeout) {
+        (Some(call), Some(connect)) => Some(call.min(connect)),
+        (call, connect) => call.or(connect),
+    };
     let Some(timeout) = timeout else {
         return TcpStream::connect(authority);
     };
@@ -308,15 +323,25 @@ pub struct Event {
     pub data: String,
 }
 
-/// Reads the next event from an event stream; None at its end.
+/// Reads the next event from an event stream; None at its end. An event of more than
+/// [`RESPONSE_BODY_BYTES_MAX`] bytes is refused as malformed.
 pub fn next_event(body: &mut dyn BufRead) -> io::Result<Option<Event>> {
     let mut event = Event::default();
     let mut any = false;
     let mut line = String::new();
+    let mut budget = RESPONSE_BODY_BYTES_MAX;
     loop {
         line.clear();
-        if body.read_line(&mut line)? == 0 {
+        let read = (&mut *body).take(budget).read_line(&mut line)? as u64;
+        if read == 0 && budget > 0 {
             return Ok(None);
+        }
+        budget -= read;
+        if budget == 0 && !line.ends_with('\n') {
+            return Err(io::Error::new(
+                io::ErrorKind::InvalidData,
+                format!("an event of more than {RESPONSE_BODY_BYTES_MAX} bytes"),
+            ));
         }
         let line = line.trim_end_matches(['\r', '\n']);
         if line.is_empty() {
@@ -418,22 +443,76 @@ pub fn read_response<R: BufRead>(reader: &mut R, method: &str) -> io::Result<(Re
     let mut body = Vec::new();
     if method == "HEAD" || status == 204 || status == 304 {
     } else if is_chunked(&headers) {
-        Chunked::new(&mut *reader).read_to_end(&mut body)?;
+        read_body(Chunked::new(&mut *reader), None, &mut body)?;
     } else if let Some(len) = find(&headers, "content-length").and_then(|v| v.parse().ok()) {
-        body.resize(len, 0);
-        reader.read_exact(&mut body)?;
+        read_body(&mut *reader, Some(len), &mut body)?;
     } else {
-        reader.read_to_end(&mut body)?;
+        read_body(&mut *reader, None, &mut body)?;
         reusable = false;
     }
     Ok((Response { status, headers, body }, reusable))
+}
+
+/// The largest response body the client holds in memory; a larger one is refused as
+/// malformed, never allocated for on the server's word. The largest a nova server sends
+/// is a JSON page of one record at the largest record size (16 MiB) with every byte
+/// written as a `\u00XX` escape: 96 MiB and its framing.
+/// It also bounds one subscription event, or one binary page.
+pub(super) const RESPONSE_BODY_BYTES_MAX: u64 = 128 << 20;
+
+/// Reads a body of `declared` bytes (its `content-length`), or to its end, into `body`,
+/// growing it as bytes arrive and failing past [`RESPONSE_BODY_BYTES_MAX`].
+fn read_body(source: impl Read, declared: Option<u64>, body: &mut Vec<u8>) -> io::Result<()> {
+    let too_large = |what: String| {
+        io::Error::new(
+            io::ErrorKind::InvalidData,
+            format!(
+                "a response body of {what} is over the {RESPONSE_BODY_BYTES_MAX} bytes this client takes"
+            ),
+        )
+    };
+    let cap = match declared {
+        Some(len) if len > RESPONSE_BODY_BYTES_MAX => {
+            return Err(too_large(format!("{len} bytes")));
+        }
+        Some(len) => len,
+        None => RESPONSE_BODY_BYTES_MAX + 1,
+    };
+    let read = source.take(cap).read_to_end(body)? as u64;
+    if declared.is_some_and(|len| read < len) {
+        return Err(io::Error::new(io::ErrorKind::UnexpectedEof, "response body cut short"));
+    }
+    if read > RESPONSE_BODY_BYTES_MAX {
+        return Err(too_large("more bytes".into()));
+    }
+    Ok(())
 }
 
 #[cfg(test)]
 mod tests {
     use std::io::{self, Read};
 
-    use super::Chunked;
+    use super::{Chunked, read_response};
+
+    /// A `content-length` past what the client takes is refused before any allocation
+    /// (once it was trusted, and a huge one aborted the process), and a body shorter
+    /// than its `content-length` is cut short.
+    #[test]
+    fn a_response_body_is_held_to_its_length_and_the_cap() {
+        let head = |len: &str| format!("HTTP/1.1 200 OK\r\ncontent-length: {len}\r\n\r\n");
+        let huge = head(&u64::MAX.to_string());
+        let error = read_response(&mut huge.as_bytes(), "GET").unwrap_err();
+        assert_eq!(error.kind(), io::ErrorKind::InvalidData, "{error}");
+        assert!(error.to_string().contains("18446744073709551615 bytes"), "{error}");
+
+        let short = head("10") + "abc";
+        let error = read_response(&mut short.as_bytes(), "GET").unwrap_err();
+        assert_eq!(error.kind(), io::ErrorKind::UnexpectedEof, "{error}");
+
+        let whole = head("3") + "abcdef";
+        let (response, reusable) = read_response(&mut whole.as_bytes(), "GET").unwrap();
+        assert_eq!((&response.body[..], reusable), (&b"abc"[..], true));
+    }
 
     /// A connection that closes between chunks is a body cut short, as one that closes
     /// inside a chunk is: not a malformed chunk size.

@@ -83,9 +83,10 @@ pub enum Error {
     Protocol(String),
     /// The caller's input, refused before anything was sent.
     Invalid(String),
-    /// A guarded append whose earlier attempt's outcome is unknown, and whose retry was
-    /// refused with the tail that attempt would have made: it may have landed, and
-    /// sending it again cannot tell (the same refusal comes back). Read it back.
+    /// A guarded append whose earlier attempt's outcome is unknown, and whose last attempt
+    /// failed in a way that does not show it did not land (refused with the tail that
+    /// attempt would have made, fenced, or past a tail another writer moved): it may have
+    /// landed, and sending it again cannot tell. Read it back.
     Ambiguous(String),
 }
 
@@ -124,6 +125,18 @@ impl Error {
                     && api.body["not_appended"].as_bool() != Some(true)
             }
             Error::Invalid(_) => false,
+        }
+    }
+
+    /// Whether this failure of an append guarded by `match_seq_num`, whose success would
+    /// have made the tail `made`, shows that none of its attempts landed: a tail below
+    /// `made` (tails never go back, and one attempt landing makes it `made` at least), a
+    /// body refused as invalid (as every attempt's was), or a stream that is gone.
+    fn shows_guarded_not_landed(&self, made: u64) -> bool {
+        match self.code() {
+            Some("failed_precondition") => self.next_seq_num().is_some_and(|next| next < made),
+            Some("invalid_argument" | "not_found") => true,
+            _ => false,
         }
     }
 
@@ -174,10 +187,17 @@ impl Error {
                 retry_after_seconds: response.header("retry-after").and_then(|v| v.parse().ok()),
                 body,
             }),
+            // A gateway between (a proxy, a load balancer) that could not reach the
+            // server, or gave up waiting for it: as a failed connection, transient and
+            // with an append's outcome unknown.
+            _ if matches!(response.status, 502..=504) => Error::Io {
+                what: format!("reach the server (a gateway answered HTTP {})", response.status),
+                error: io::Error::other(excerpt(&response.text())),
+            },
             _ => Error::Protocol(format!(
                 "HTTP {} without an error body: {}",
                 response.status,
-                response.text()
+                excerpt(&response.text())
             )),
         }
     }
@@ -199,6 +219,14 @@ impl fmt::Display for Error {
 }
 
 impl std::error::Error for Error {}
+
+/// A body for an error message: its first 200 characters.
+fn excerpt(text: &str) -> String {
+    match text.char_indices().nth(200) {
+        Some((end, _)) => format!("{}...", &text[..end]),
+        None => text.to_owned(),
+    }
+}
 
 pub type Result<T> = std::result::Result<T, Error>;
 
@@ -753,7 +781,7 @@ struct Conn {
 impl Conn {
     /// A connection whose every read and write waits at most `timeout` (None: no limit).
     fn connect(server: &Server, timeout: Option<Duration>) -> io::Result<Conn> {
-        let stream = http::connect(&server.authority, timeout)?;
+        let stream = http::connect(server, timeout)?;
         stream.set_nodelay(true)?;
         stream.set_read_timeout(timeout)?;
         stream.set_write_timeout(timeout)?;
@@ -853,6 +881,15 @@ impl Client {
     pub fn with_token(mut self, token: Option<String>) -> Result<Self> {
         self.server = self.server.with_token(token).map_err(Error::Invalid)?;
         Ok(self)
+    }
+
+    /// Each connection (a call's, a session's, a subscription's) is tried for at most
+    /// `timeout`, whatever the call's own timeout: an append session, which may have none
+    /// (a batch waits as long as the server holds it), still fails fast on a server that
+    /// is down and whose host drops connection attempts.
+    pub fn with_connect_timeout(mut self, timeout: Option<Duration>) -> Self {
+        self.server = self.server.with_connect_timeout(timeout.filter(|t| !t.is_zero()));
+        self
     }
 
     pub fn format(&self) -> Format {
@@ -1145,11 +1182,12 @@ impl Client {
         Ack::from_json(&response.json())
     }
 
-    /// An append guarded by `match_seq_num`, sent again while it fails transiently. When
-    /// an attempt's outcome was unknown and a later one is refused with `next_seq_num`
-    /// equal to `made` (what this batch would have made the tail), the first may have
-    /// landed: that refusal is no answer, so the call fails with its outcome unknown
-    /// ([`Error::outcome_unknown`]) for the caller to read the records back.
+    /// An append guarded by `match_seq_num`, sent again while it fails transiently. Once
+    /// an attempt's outcome was unknown, a later failure is an answer only when it shows
+    /// that no attempt landed ([`Error::shows_guarded_not_landed`]): a refusal with the
+    /// tail the batch itself made, a fencing refusal (checked before `match_seq_num`), or
+    /// a tail another writer moved past it all leave the first attempt's fate open, so
+    /// the call fails with [`Error::Ambiguous`] for the caller to read the records back.
     fn append_guarded(
         &self,
         path: &str,
@@ -1168,14 +1206,11 @@ impl Client {
             answer
         });
         match (answer, unknown) {
-            (Err(refused), Some(earlier))
-                if refused.code() == Some("failed_precondition")
-                    && refused.next_seq_num() == Some(made) =>
-            {
+            (Err(last), Some(earlier)) if !last.shows_guarded_not_landed(made) => {
                 Err(Error::Ambiguous(format!(
-                    "POST {path}: a retry was refused with next_seq_num {made}, the tail this \
-                     batch would have made, after an attempt whose outcome is unknown \
-                     ({earlier}); the batch may have landed: read it back"
+                    "POST {path}: an attempt's outcome is unknown ({earlier}), and the last \
+                     ended with {last}, which does not show that it did not land (this batch \
+                     would have made the tail {made}); it may have landed: read it back"
                 )))
             }
             (answer, _) => answer,

@@ -122,7 +122,7 @@ impl Connection {
     ) -> Result<Self> {
         let io_error =
             |error| Error::Io { what: format!("connect to {}", server.authority), error };
-        let mut stream = http::connect(&server.authority, timeout).map_err(io_error)?;
+        let mut stream = http::connect(server, timeout).map_err(io_error)?;
         if format == Format::Binary {
             let mut head = Vec::with_capacity(256);
             let headers = [("content-type", SESSION_MEDIA_TYPE), ("transfer-encoding", "chunked")];

@@ -35,6 +35,8 @@ pub struct Subscription {
     frame: Vec<u8>,
     /// The records of a binary page read so far, until its page end.
     page: Vec<Record>,
+    /// The frame bytes of `page`, held to [`http::RESPONSE_BODY_BYTES_MAX`].
+    page_bytes: u64,
     done: bool,
     /// The seq_num after the last record delivered: where to resume.
     next_seq_num: Option<u64>,
@@ -80,6 +82,7 @@ impl Subscription {
             sse,
             frame: Vec::new(),
             page: Vec::new(),
+            page_bytes: 0,
             done: false,
             next_seq_num: None,
         })
@@ -115,10 +118,18 @@ impl Subscription {
             return match frame {
                 // A page's records frames, then its page end with the tail.
                 Frame::Records(run) => {
+                    self.page_bytes += self.frame.len() as u64;
+                    if self.page_bytes > http::RESPONSE_BODY_BYTES_MAX {
+                        return Err(Error::Protocol(format!(
+                            "a subscription page of more than {} bytes",
+                            http::RESPONSE_BODY_BYTES_MAX
+                        )));
+                    }
                     push_records(&run, &mut self.page)?;
                     continue;
                 }
                 Frame::PageEnd { next_seq_num, tail } => {
+                    self.page_bytes = 0;
                     if self.page.is_empty() {
                         continue;
                     }
@@ -151,7 +162,10 @@ impl Subscription {
                 "batch" => {
                     let records = records_from_json(&data)?;
                     if let Some(last) = records.last() {
-                        self.next_seq_num = Some(last.seq_num + 1);
+                        let next = last.seq_num.checked_add(1).ok_or_else(|| {
+                            Error::Protocol(format!("a record numbered {}", last.seq_num))
+                        })?;
+                        self.next_seq_num = Some(next);
                     }
                     Ok(Some(SubscriptionEvent::Records {
                         records,
