@@ -736,6 +736,11 @@ fn run(args: Args) -> Outcome {
         ["bucket" | "stream" | "token", sub, ..] => format!("{} {sub}", verb[0]),
         [one, ..] => (*one).to_owned(),
     };
+    if args.has("version") {
+        return Err(usage_error(format!(
+            "--version is nova's own and takes no verb, not {name:?}: write nova --version"
+        )));
+    }
     if args.has("help") {
         match verb_help(&name).or_else(|| group_help(&name)) {
             Some(text) => {
@@ -1899,14 +1904,20 @@ fn follow(session: &Session, address: &Address, mut options: ReadOptions) -> Out
             return Ok(());
         }
         options.count = count.map(|c| c - delivered);
-        eprintln!("nova: the subscription was cut ({error}); resuming");
+        let notice = format!("the subscription was cut ({error}); resuming");
+        if session.json {
+            eprintln!("{}", json!({ "notice": notice }));
+        } else {
+            eprintln!("nova: {notice}");
+        }
         let (since, wait) = cut.get_or_insert((Instant::now(), RESUME_BACKOFF_FIRST));
         subscription = resume(session, address, &options, *since, wait)?;
     }
 }
 
 /// Whether stdout is a pipe or socket whose reader has closed it, told by poll(2) with
-/// nothing written (POLLERR on a pipe's write end, POLLHUP on a socket).
+/// nothing written (POLLERR on a pipe's write end, POLLHUP on a socket, Unix or TCP,
+/// whose peer has closed it).
 fn stdout_reader_gone() -> bool {
     let mut stdout = libc::pollfd { fd: libc::STDOUT_FILENO, events: 0, revents: 0 };
     // SAFETY: one valid pollfd, and no wait.

@@ -280,16 +280,21 @@ fn kind(value: &Value) -> &'static str {
     }
 }
 
+/// How a whole number read as a float is noted in an error message.
+const ROUNDED: &str = "read as a floating-point number, perhaps rounded: not a whole number within 64 bits as written";
+
 /// A value for an error message, cut short.
 pub(crate) fn excerpt(value: &Value) -> String {
     let text = value.to_string();
     // A whole number past 64 bits is parsed as the nearest float, which may print as a
-    // number inside the range the message names (-2^63 - 1 prints as -2^63).
+    // number inside the range the message names (-2^63 - 1 prints as -2^63). What was
+    // written cannot be told from the float (`-9223372036854775808.0` reads the same), so
+    // the note says what is true of every such float.
     if let Value::Number(number) = value
         && number.is_f64()
         && number.as_f64().is_some_and(|f| f.fract() == 0.0 && f.abs() >= 2f64.powi(63))
     {
-        return format!("{text} (a whole number past 64 bits, shown rounded)");
+        return format!("{text} ({ROUNDED})");
     }
     if text.chars().count() > 64 {
         format!("{}...", text.chars().take(64).collect::<String>())
@@ -549,17 +554,25 @@ mod tests {
         let range = "records[0].timestamp must be a whole number from -9223372036854775808 to \
                      9223372036854775807";
         assert!(error.message.contains(range), "{}", error.message);
-        // One past 64 bits is told as such, not as the in-range float it rounds to.
-        let body = br#"{"records":[{"body":"a","timestamp":-9223372036854775809}]}"#;
-        let error = append_request(body, Encoding::Text).expect_err("refused");
-        assert!(
-            error.message.ends_with("(a whole number past 64 bits, shown rounded)"),
-            "{}",
-            error.message
-        );
+        // One past 64 bits is told as read as a float, not as the in-range number it rounds
+        // to; so are floats written with a fraction or an exponent.
+        for (body, shown) in [
+            (
+                &br#"{"records":[{"body":"a","timestamp":-9223372036854775809}]}"#[..],
+                "-9.223372036854776e+18",
+            ),
+            (
+                br#"{"records":[{"body":"a","timestamp":-9223372036854775808.0}]}"#,
+                "-9.223372036854776e+18",
+            ),
+            (br#"{"records":[{"body":"a","timestamp":1e19}]}"#, "1e+19"),
+        ] {
+            let error = append_request(body, Encoding::Text).expect_err("refused");
+            assert!(error.message.ends_with(&format!("{shown} ({ROUNDED})")), "{}", error.message);
+        }
         let error = stream_create(br#"{"retention_max_age_ms":18446744073709551616}"#)
             .expect_err("refused");
-        assert!(error.message.contains("past 64 bits"), "{}", error.message);
+        assert!(error.message.ends_with(&format!("({ROUNDED})")), "{}", error.message);
         let error = bucket_create(br#"{"default_class":"fast"}"#).expect_err("refused");
         assert!(error.message.contains("default_class"), "{}", error.message);
     }

@@ -615,6 +615,8 @@ fn flags_are_never_taken_for_values_nor_verbs_for_arguments() {
 
     let version = json_of(&server, &["--json", "--version"]);
     assert_eq!(version["version"], env!("CARGO_PKG_VERSION"), "{version}");
+    let stderr = fails(&server, &["ls", "--version"], None, 2);
+    assert!(stderr.contains("--version is nova's own and takes no verb"), "{stderr}");
 }
 
 /// `read -f | head -1`: once its reader has closed the pipe, a follow of a stream with
@@ -909,7 +911,8 @@ fn follow_resumes_across_a_server_restart() {
     assert_eq!(lines.next().expect("a line").expect("read"), "first");
     // One from the tail, cut before any event: it resumes from the tail it started at,
     // not from the tail when it comes back (the records appended meanwhile would be lost).
-    let (at_tail, mut from_tail) = follow(&nova, "nova://fol/s", &["--tail-offset", "0"]);
+    // It speaks JSON: its records are JSON lines, and the cut is told as JSON too.
+    let (at_tail, mut from_tail) = follow(&nova, "nova://fol/s", &["--tail-offset", "0", "--json"]);
     // Both subscriptions wait at the tail.
     let deadline = std::time::Instant::now() + std::time::Duration::from_secs(30);
     while nova.metric("nova_shard_reads_waiting") < 2 {
@@ -924,16 +927,25 @@ fn follow_resumes_across_a_server_restart() {
     assert!(elsewhere.terminate().success());
     let nova = Nova::start_with(&data, &["--listen", &address], &[]);
     ok(&nova, &["append", "nova://fol/s"], Some("fourth\n"));
+    let body = |line: String| match serde_json::from_str::<Value>(&line) {
+        Ok(record) => record["body"].as_str().map(str::to_owned).unwrap_or(line),
+        Err(_) => line,
+    };
     for lines in [&mut lines, &mut from_tail] {
         for expected in ["second", "third", "fourth"] {
-            assert_eq!(lines.next().expect("a line").expect("read"), expected);
+            assert_eq!(body(lines.next().expect("a line").expect("read")), expected);
         }
     }
-    for mut follower in [first, at_tail] {
+    for (mut follower, json) in [(first, false), (at_tail, true)] {
         follower.kill().expect("stop the follower");
         let out = follower.wait_with_output().expect("the follower's end");
         let stderr = String::from_utf8_lossy(&out.stderr);
-        assert!(stderr.contains("resuming"), "{stderr}");
+        assert!(stderr.contains("the subscription was cut"), "{stderr}");
+        for line in stderr.lines() {
+            let notice = serde_json::from_str::<Value>(line).ok();
+            let notice = notice.as_ref().and_then(|n| n["notice"].as_str());
+            assert_eq!(notice.is_some(), json, "{line}");
+        }
     }
 }
 
