@@ -14,10 +14,12 @@
 //! `--drain` (`Config::drain`).
 //!
 //! A connection whose append session fails (the server restarted, a proxy cut it) is
-//! opened again, with a growing wait between tries, for up to `--drain`: a server that
-//! comes back within that is sent to again, and the batches its absence held back go out
-//! late, with their intended times. A stream none of whose connections could be reopened
-//! by then is dead.
+//! opened again, with a growing wait between tries, for up to `--drain` of outage: a
+//! server that comes back within that is sent to again, and the batches its absence held
+//! back go out late, with their intended times. An outage lasts until a reopened session
+//! has an append acknowledged, so a server that accepts connections and cuts each one
+//! still ends it. A stream all of whose connections gave up is dead. Once sending is over,
+//! nothing is reopened.
 //!
 //! Every batch the open-loop schedule calls for before the end is accounted for: sent
 //! (then acknowledged or failed), behind schedule, or abandoned with its stream (a dead
@@ -82,14 +84,44 @@ struct InFlight {
 struct Lane {
     session: Option<AppendSession>,
     in_flight: VecDeque<InFlight>,
-    /// Its session failed: since when it has had none, and when to try to open it again.
-    down: Option<Down>,
+    /// Its session failed, and no session opened since has had an append acknowledged.
+    outage: Option<Outage>,
+    /// Its outage outlasted `--drain`: it is not opened again.
+    gave_up: bool,
 }
 
-struct Down {
+impl Lane {
+    fn new(session: AppendSession) -> Self {
+        Lane { session: Some(session), in_flight: VecDeque::new(), outage: None, gave_up: false }
+    }
+
+    /// Whether `submit` on it would not wait: it has a session with a free slot of
+    /// `in_flight`. A session reopened in an outage carries one batch at a time until one
+    /// is acknowledged: a server that takes connections and cuts them fails one batch per
+    /// try, not the backlog.
+    fn has_room(&self, in_flight: usize) -> bool {
+        let slots = if self.outage.is_some() { 1 } else { in_flight };
+        self.session.is_some() && self.in_flight.len() < slots
+    }
+}
+
+struct Outage {
     since: Instant,
+    /// When to try to open the session again.
     retry_at: Instant,
+    /// The wait after the next failed try.
     wait: Duration,
+    /// Whether a failed reopen was told as an error (the first of an outage is, and the
+    /// last).
+    told: bool,
+}
+
+impl Outage {
+    /// A try failed at `now`: the next waits longer.
+    fn wait_more(&mut self, now: Instant) {
+        self.retry_at = now + self.wait;
+        self.wait = (self.wait * 2).min(REOPEN_WAIT_MAX);
+    }
 }
 
 struct StreamState {
@@ -99,8 +131,8 @@ struct StreamState {
     next_due: Instant,
     next_index: u64,
     ledger: Ledger,
-    /// Stopped: a session that could not be opened at the start, or reopened for
-    /// `--drain`.
+    /// Stopped: a session that could not be opened at the start, its own batch refused
+    /// before sending, or every connection given up.
     dead: bool,
 }
 
@@ -128,7 +160,7 @@ impl StreamState {
         let lanes = self.lanes.len();
         (0..lanes)
             .map(|k| (self.next_lane + k) % lanes)
-            .find(|&l| self.lanes[l].session.is_some() && self.lanes[l].in_flight.len() < in_flight)
+            .find(|&l| self.lanes[l].has_room(in_flight))
     }
 
     /// Whether it sends no more: dead, or (at the end) with no connection open.
@@ -147,9 +179,11 @@ struct Producer<'a> {
     rng: u64,
     /// Where the measured window ends: the clock's end, or earlier once interrupted.
     window_end: Instant,
-    /// Sessions reopened and streams found dead: the closed loop's wait for a free slot
-    /// ends on either as on an acknowledgement.
+    /// Sessions reopened and given up: the closed loop's wait for a free slot ends on
+    /// either as on an acknowledgement.
     lane_changes: u64,
+    /// Sending is over: failed sessions are no longer reopened.
+    sending_over: bool,
     out: ProducerOutcome,
 }
 
@@ -166,6 +200,7 @@ pub fn run(shared: &Shared, client: &Client, specs: Vec<StreamSpec>, seed: u64) 
         rng: seed.wrapping_mul(0x9e37_79b9_7f4a_7c15) | 1,
         window_end: clock.end,
         lane_changes: 0,
+        sending_over: false,
         out: ProducerOutcome {
             ack: crate::stats::histogram(),
             ledgers: Vec::new(),
@@ -195,11 +230,7 @@ pub fn run(shared: &Shared, client: &Client, specs: Vec<StreamSpec>, seed: u64) 
             let mut dead = false;
             for _ in 0..config.connections {
                 match client.append_session(&spec.address, config.in_flight) {
-                    Ok(session) => lanes.push(Lane {
-                        session: Some(session),
-                        in_flight: VecDeque::new(),
-                        down: None,
-                    }),
+                    Ok(session) => lanes.push(Lane::new(session)),
                     Err(e) => {
                         p.error(format!("{}: open an append session: {e}", spec.address));
                         dead = true;
@@ -246,6 +277,13 @@ impl Producer<'_> {
         if self.out.errors.len() < ERRORS_KEPT {
             self.out.errors.push(text);
         }
+    }
+
+    /// An error kept whatever came before it: a connection given up, which happens once
+    /// per connection at most and says why its stream stopped.
+    fn error_kept(&mut self, text: String) {
+        self.shared.errors.fetch_add(1, Ordering::Relaxed);
+        self.out.errors.push(text);
     }
 
     /// Whether the run was interrupted; the measured window then ends when the first worker
@@ -348,11 +386,7 @@ impl Producer<'_> {
             for s in streams.iter_mut().filter(|s| !s.dead) {
                 live = true;
                 for lane in 0..s.lanes.len() {
-                    while !s.dead
-                        && s.lanes[lane].session.is_some()
-                        && s.lanes[lane].in_flight.len() < in_flight
-                        && Instant::now() < end
-                    {
+                    while !s.dead && s.lanes[lane].has_room(in_flight) && Instant::now() < end {
                         self.send(s, lane, Instant::now());
                     }
                 }
@@ -408,6 +442,7 @@ impl Producer<'_> {
     /// the latencies with the time it waited (a lower bound), and its connection is
     /// closed.
     fn collect_in_flight(&mut self, streams: &mut [StreamState]) {
+        self.sending_over = true;
         let drain = self.shared.config.drain;
         let deadline = Instant::now() + drain;
         let waiting = |streams: &[StreamState]| {
@@ -425,15 +460,10 @@ impl Producer<'_> {
                 if lane.in_flight.is_empty() {
                     continue;
                 }
-                let unanswered = lane.in_flight.len() as u64;
-                let now = Instant::now();
-                for f in std::mem::take(&mut lane.in_flight) {
-                    self.record_waited(f.intended, now);
-                }
                 // Closing the connection ends the session's threads; the server may still
                 // apply what it read (verification allows both).
                 lane.session = None;
-                self.out.failed_batches += unanswered;
+                let unanswered = self.unanswered(lane);
                 self.out.unanswered_batches += unanswered;
                 self.error(format!(
                     "{}: {unanswered} batches unanswered {drain:?} after sending stopped (--drain; counted failed)",
@@ -443,18 +473,37 @@ impl Producer<'_> {
         }
     }
 
+    /// Counts the batches `lane` still has in flight, whose session is gone, as failed
+    /// (they may yet land), in the latencies with the time they waited (a lower bound);
+    /// how many.
+    fn unanswered(&mut self, lane: &mut Lane) -> u64 {
+        let now = Instant::now();
+        let unanswered = lane.in_flight.len() as u64;
+        for f in std::mem::take(&mut lane.in_flight) {
+            self.record_waited(f.intended, now);
+        }
+        self.out.failed_batches += unanswered;
+        unanswered
+    }
+
     /// Collects the acknowledgements that arrived, and reopens the failed sessions whose
     /// wait is over.
     fn drain(&mut self, streams: &mut [StreamState]) {
         for s in streams.iter_mut() {
             for lane in 0..s.lanes.len() {
-                if !s.dead && s.lanes[lane].down.is_some() {
+                if s.lanes[lane].session.is_none() && s.lanes[lane].outage.is_some() {
                     self.reopen(s, lane);
                 }
+                let mut cut = false;
                 while let Some(ack) =
                     s.lanes[lane].session.as_mut().and_then(AppendSession::try_recv)
                 {
-                    self.on_ack(s, lane, ack);
+                    cut |= self.on_ack(s, lane, ack);
+                }
+                // A session goes on after its connection was cut, on a new one, but the
+                // server may be gone: the lane waits as for any failed session.
+                if cut && !self.sending_over {
+                    self.lane_failed(s, lane);
                 }
             }
         }
@@ -528,72 +577,100 @@ impl Producer<'_> {
                 false
             }
             Err(e) => {
-                // The session is closed: collect what it still answers, then reopen.
                 self.error(format!("{}: submit: {e}", s.spec.address));
-                if let Some(old) = s.lanes[lane_no].session.take() {
-                    for ack in old.finish() {
-                        self.on_ack(s, lane_no, ack);
-                    }
-                }
-                let now = Instant::now();
-                s.lanes[lane_no].down =
-                    Some(Down { since: now, retry_at: now, wait: REOPEN_WAIT_MIN });
-                self.reopen(s, lane_no);
+                self.lane_failed(s, lane_no);
                 false
             }
         }
     }
 
-    /// Tries to open the failed session of connection `lane` again; after `--drain` of
-    /// failed tries, the stream is dead. Only the first failure of an outage and the
-    /// last are told as errors.
-    fn reopen(&mut self, s: &mut StreamState, lane: usize) {
-        let Some(down) = s.lanes[lane].down.as_mut() else { return };
-        let now = Instant::now();
-        if now < down.retry_at {
-            return;
+    /// The session of connection `lane_no` failed (it refused a batch, or its connection
+    /// was cut under one): collects what it still answers (anything it does not is
+    /// unanswered), then begins an outage, or goes on with the one a session reopened
+    /// and failed again before an acknowledgement was in, and its growing wait.
+    fn lane_failed(&mut self, s: &mut StreamState, lane_no: usize) {
+        if let Some(old) = s.lanes[lane_no].session.take() {
+            for ack in old.finish() {
+                self.on_ack(s, lane_no, ack);
+            }
         }
-        let first = down.retry_at == down.since;
-        match self.client.append_session(&s.spec.address, self.shared.config.in_flight) {
+        self.unanswered(&mut s.lanes[lane_no]);
+        let now = Instant::now();
+        let drain = self.shared.config.drain;
+        match &mut s.lanes[lane_no].outage {
+            Some(outage) if now.duration_since(outage.since) >= drain => {
+                let why = "every session reopened failed before an acknowledgement".into();
+                return self.give_up(s, lane_no, why);
+            }
+            Some(outage) => outage.wait_more(now),
+            outage @ None => {
+                *outage =
+                    Some(Outage { since: now, retry_at: now, wait: REOPEN_WAIT_MIN, told: false });
+            }
+        }
+        self.reopen(s, lane_no);
+    }
+
+    /// Tries to open the failed session of connection `lane` again, once its wait is
+    /// over; after `--drain` of outage the connection is given up, and with the last of
+    /// them the stream is dead. Only the first failed try of an outage and the last are
+    /// told as errors.
+    fn reopen(&mut self, s: &mut StreamState, lane: usize) {
+        let now = Instant::now();
+        match &s.lanes[lane].outage {
+            Some(outage) if !self.sending_over && !s.dead && now >= outage.retry_at => {}
+            _ => return,
+        }
+        let opened = self.client.append_session(&s.spec.address, self.shared.config.in_flight);
+        // Connecting may take a while: the rest is measured from its end.
+        let now = Instant::now();
+        let drain = self.shared.config.drain;
+        let l = &mut s.lanes[lane];
+        let Some(outage) = l.outage.as_mut() else { return };
+        match opened {
             Ok(session) => {
-                s.lanes[lane].session = Some(session);
-                s.lanes[lane].down = None;
+                l.session = Some(session);
                 self.lane_changes += 1;
             }
+            Err(e) if now.duration_since(outage.since) >= drain => {
+                self.give_up(s, lane, format!("reopen the append session: {e}"));
+            }
             Err(e) => {
-                let drain = self.shared.config.drain;
-                if now.duration_since(down.since) >= drain {
-                    s.lanes[lane].down = None;
-                    s.dead = true;
-                    self.lane_changes += 1;
+                outage.wait_more(now);
+                if !std::mem::replace(&mut outage.told, true) {
                     self.error(format!(
-                        "{}: reopen the append session: {e}; gave up after {drain:?} (--drain)",
+                        "{}: reopen the append session: {e}; trying again for up to {drain:?} (--drain)",
                         s.spec.address
                     ));
-                } else {
-                    down.retry_at = now + down.wait;
-                    down.wait = (down.wait * 2).min(REOPEN_WAIT_MAX);
-                    if first {
-                        self.error(format!(
-                            "{}: reopen the append session: {e}; trying again for up to {drain:?} (--drain)",
-                            s.spec.address
-                        ));
-                    }
                 }
             }
         }
     }
 
-    fn on_ack(&mut self, s: &mut StreamState, lane: usize, ack: SessionAck) {
+    /// Gives connection `lane` up after `--drain` of outage, for `why`; with the last of
+    /// them, the stream is dead.
+    fn give_up(&mut self, s: &mut StreamState, lane: usize, why: String) {
+        let l = &mut s.lanes[lane];
+        l.outage = None;
+        l.gave_up = true;
+        self.lane_changes += 1;
+        s.dead = s.lanes.iter().all(|l| l.gave_up);
+        let drain = self.shared.config.drain;
+        self.error_kept(format!("{}: {why}; gave up after {drain:?} (--drain)", s.spec.address));
+    }
+
+    /// Takes one acknowledgement; whether it says the connection was cut.
+    fn on_ack(&mut self, s: &mut StreamState, lane: usize, ack: SessionAck) -> bool {
         let Some(f) = s.lanes[lane].in_flight.pop_front() else {
             self.error(format!("{}: an acknowledgement nothing was waiting for", s.spec.address));
-            return;
+            return false;
         };
         debug_assert_eq!(f.ticket, ack.ticket, "a session acknowledges in submission order");
         let clock = self.shared.clock;
         let arrival = f.submitted + ack.latency;
         match ack.result {
             Ok(a) => {
+                s.lanes[lane].outage = None;
                 let latency = arrival.saturating_duration_since(f.intended);
                 self.series.record(
                     clock.second(f.intended),
@@ -616,11 +693,13 @@ impl Producer<'_> {
                 let digests =
                     if f.digests.is_empty() { vec![0; f.count as usize] } else { f.digests };
                 s.ledger.acked(a.start.seq_num, f.index, digests);
+                false
             }
             Err(e) => {
                 // Its records may or may not be in the stream: verification allows both.
                 self.out.failed_batches += 1;
                 self.error(format!("{}: append: {e}", s.spec.address));
+                matches!(e, Error::Io { .. })
             }
         }
     }

@@ -205,12 +205,14 @@ pub fn run(
     // subscriptions wait at most --drain for each read: a server that stopped answering
     // cannot hold the end of a run. After the load, a call that waited that long is not
     // made again (`Client::with_timeouts_repeated`), nor are the followers' idle subscriptions once the
-    // producers are done. The producers' sessions have no such limit: what is unanswered
-    // when sending stops is counted after --drain.
+    // producers are done. The producers' sessions have no such limit (what is unanswered
+    // when sending stops is counted after --drain), but a connection is tried for at most
+    // SESSION_CONNECT_MAX, so reopening a session cannot hold a producer's schedule long.
     let client = new_client()?.with_timeout(Some(config.drain));
     let bounded_client =
         new_client()?.with_timeout(Some(config.drain)).with_timeouts_repeated(false);
-    let load_client = new_client()?;
+    let load_client =
+        new_client()?.with_connect_timeout(Some(config.drain.min(SESSION_CONNECT_MAX)));
     let specs = create_streams(&client, &config)?;
     on_target(&url);
 
@@ -368,6 +370,12 @@ pub fn run(
 
 /// At most this many tails are checked at once.
 const TAIL_CHECKS_AT_ONCE: usize = 16;
+
+/// The longest a producer tries one connection for its append session (at most
+/// `--drain`): far above a connection's round trip, and short enough that reopening a
+/// session while the server's host is unreachable holds the schedule of the producer's
+/// other streams only that long per try.
+const SESSION_CONNECT_MAX: Duration = Duration::from_secs(1);
 
 /// Each stream's tail now (by `specs` order; an error does not name the stream), checked
 /// concurrently under one deadline, `drain` from now: a check not begun by then is not
