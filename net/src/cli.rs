@@ -15,7 +15,9 @@ use crate::client::{
     SubscriptionEvent, encode_segment,
 };
 
-/// The verbs, each with its usage and an example: `nova VERB --help` prints them.
+/// The verbs, each with its usage and an example: `nova VERB --help` prints them. The
+/// client verbs' examples are shell lines that, run one after another against a new
+/// server, all succeed (tests/cli.rs runs them, in an order it names).
 const VERBS: &[(&str, &str, &str)] = &[
     (
         "serve",
@@ -39,14 +41,14 @@ const VERBS: &[(&str, &str, &str)] = &[
     (
         "stream create",
         "nova stream create (--bucket B --key K | nova://B/K) [--creation-token T] [--OPTION V ...]",
-        "nova stream create --bucket logs --key api --retention-max-age 168h --batch-max-bytes 1MiB",
+        "nova stream create --bucket apps --key orders --retention-max-age 168h --batch-max-bytes 1MiB",
     ),
-    ("stream get", "nova stream get nova://B/K", "nova stream get nova://logs/api"),
-    ("stream delete", "nova stream delete nova://B/K", "nova stream delete nova://demo/events"),
+    ("stream get", "nova stream get nova://B/K", "nova stream get nova://apps/orders"),
+    ("stream delete", "nova stream delete nova://B/K", "nova stream delete nova://apps/orders"),
     (
         "stream reconfigure",
         "nova stream reconfigure nova://B/K [--OPTION V ...]",
-        "nova stream reconfigure nova://logs/api --retention-max-age 0 --throughput-max-bytes-per-second 4MiB",
+        "nova stream reconfigure nova://apps/orders --retention-max-age 0 --throughput-max-bytes-per-second 4MiB",
     ),
     (
         "stream list",
@@ -72,7 +74,7 @@ const VERBS: &[(&str, &str, &str)] = &[
     (
         "fence",
         "nova fence nova://B/K --token T [--expected OLD]",
-        "nova fence nova://apps/orders --token writer-2 --expected writer-1",
+        "nova fence nova://apps/orders --token writer-1   # a new writer: --token writer-2 --expected writer-1",
     ),
     (
         "token issue",

@@ -200,6 +200,48 @@ fn every_verb_has_help_with_an_example() {
         assert!(out.status.success(), "{verb:?}");
         assert!(text.contains("example"), "nova {verb:?} --help: {text}");
     }
+    // The client verbs' examples, verbatim, one after another against a new server.
+    let dir = tempfile::tempdir().expect("tempdir");
+    let server = Nova::start(dir.path());
+    let nova = std::path::Path::new(env!("CARGO_BIN_EXE_nova"));
+    let path = format!(
+        "{}:{}",
+        nova.parent().expect("the binary's directory").display(),
+        std::env::var("PATH").unwrap_or_default()
+    );
+    let in_order: [&[&str]; 15] = [
+        &["ls"],
+        &["bucket", "create"],
+        &["bucket", "get"],
+        &["bucket", "list"],
+        &["stream", "create"],
+        &["stream", "get"],
+        &["stream", "reconfigure"],
+        &["stream", "list"],
+        &["append"],
+        &["read"],
+        &["tail"],
+        &["trim"],
+        &["fence"],
+        &["stream", "delete"],
+        &["bucket", "delete"],
+    ];
+    for verb in in_order {
+        let out = Command::new(nova).args(verb).arg("--help").output().expect("run nova");
+        let text = String::from_utf8_lossy(&out.stdout);
+        let example = text.split("example:\n  ").nth(1).and_then(|rest| rest.lines().next());
+        let example = example.unwrap_or_else(|| panic!("nova {verb:?} --help: {text}"));
+        let out = Command::new("sh")
+            .args(["-c", example])
+            .env("PATH", &path)
+            .env("NOVA_SERVER", &server.url)
+            .output()
+            .expect("run sh");
+        let stderr = String::from_utf8_lossy(&out.stderr);
+        assert!(out.status.success(), "{example}: {stderr}");
+    }
+    assert_eq!(ok(&server, &["ls"], None), "", "the examples' bucket is deleted");
+
     // A verb that does not exist, even with --help, is a usage error.
     let out = Command::new(env!("CARGO_BIN_EXE_nova"))
         .args(["bucket", "update", "--help"])
