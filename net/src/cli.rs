@@ -16,8 +16,9 @@ use crate::client::{
 };
 
 /// The verbs, each with its usage and an example: `nova VERB --help` prints them. The
-/// client verbs' examples are shell lines that, run one after another against a new
-/// server, all succeed (tests/cli.rs runs them, in an order it names).
+/// client verbs' examples (not `token`'s, which need a server with auth on and a token's
+/// id) are shell lines that, run one after another against a new server, all succeed
+/// (tests/cli.rs runs them, in an order it names).
 const VERBS: &[(&str, &str, &str)] = &[
     (
         "serve",

@@ -659,6 +659,35 @@ fn a_gateways_bare_error_is_a_failed_connection() {
     assert!(message.contains("HTTP 503") && message.contains("no healthy upstream"), "{message}");
 }
 
+/// A guarded append none of whose attempts was answered fails as the last did, with its
+/// outcome unknown and transient (a guarded append is safe to send again), not as
+/// ambiguous; one whose server is not there at all was never sent.
+#[test]
+fn a_guarded_append_never_answered_fails_as_its_last_attempt() {
+    use s3::testing::{Fault, Proxy};
+    let guarded = Conditions { match_seq_num: Some(0), ..Conditions::default() };
+    let address = Address::new("b", "k");
+    let silent = Proxy::start(1, vec![Fault::Stall; 3]);
+    let client = Client::new(&silent.endpoint())
+        .expect("url")
+        .with_timeout(Some(std::time::Duration::from_millis(300)));
+    let error = client.append(&address, &batch(&["a"]), &guarded).expect_err("never answered");
+    assert!(matches!(error, Error::Io { .. }) && error.timed_out(), "{error}");
+    assert!(error.transient() && error.outcome_unknown(), "{error}");
+    assert_eq!(silent.accepted(), 3, "every attempt was made");
+
+    let listener = std::net::TcpListener::bind("127.0.0.1:0").expect("bind");
+    let gone = format!("http://{}", listener.local_addr().expect("address"));
+    drop(listener);
+    let error = Client::new(&gone).expect("url").append(&address, &batch(&["a"]), &guarded);
+    let error = error.expect_err("refused");
+    assert!(
+        matches!(&error, Error::Io { error, .. }
+        if error.kind() == std::io::ErrorKind::ConnectionRefused),
+        "{error}"
+    );
+}
+
 /// A guarded append whose first attempt landed unheard, and whose retry is refused for
 /// something that does not show it did not land, fails with its outcome unknown: a new
 /// writer fenced the stream meanwhile (the fencing token is checked before

@@ -63,7 +63,7 @@ impl Server {
     /// Each connection is tried for at most `timeout` (and at most the call's own
     /// timeout); None: the call's timeout alone.
     pub fn with_connect_timeout(mut self, timeout: Option<Duration>) -> Self {
-        self.connect_timeout = timeout;
+        self.connect_timeout = timeout.filter(|timeout| !timeout.is_zero());
         self
     }
 }
@@ -97,6 +97,8 @@ pub struct Streaming {
     pub status: u16,
     pub headers: Vec<(String, String)>,
     pub body: Box<dyn BufRead + Send>,
+    /// The body's `content-length`, if it has one.
+    length: Option<u64>,
 }
 
 impl Streaming {
@@ -108,16 +110,18 @@ impl Streaming {
         status: u16,
         headers: Vec<(String, String)>,
     ) -> Self {
+        let mut length = None;
         let body: Box<dyn BufRead + Send> = if method == "HEAD" || status == 204 || status == 304 {
             Box::new(io::empty())
         } else if is_chunked(&headers) {
             Box::new(BufReader::new(Chunked::new(reader)))
         } else if let Some(len) = find(&headers, "content-length").and_then(|v| v.parse().ok()) {
+            length = Some(len);
             Box::new(reader.take(len))
         } else {
             Box::new(reader)
         };
-        Streaming { status, headers, body }
+        Streaming { status, headers, body, length }
     }
 
     pub fn header(&self, name: &str) -> Option<&str> {
@@ -127,7 +131,7 @@ impl Streaming {
     /// Reads the rest of the body.
     pub fn finish(mut self) -> io::Result<Response> {
         let mut body = Vec::new();
-        read_body(&mut self.body, None, &mut body)?;
+        read_body(&mut self.body, self.length, &mut body)?;
         Ok(Response { status: self.status, headers: self.headers, body })
     }
 }

@@ -128,14 +128,16 @@ impl Error {
         }
     }
 
-    /// Whether this failure of an append guarded by `match_seq_num`, whose success would
+    /// Whether this refusal of an append guarded by `match_seq_num`, whose success would
     /// have made the tail `made`, shows that none of its attempts landed: a tail below
-    /// `made` (tails never go back, and one attempt landing makes it `made` at least), a
-    /// body refused as invalid (as every attempt's was), or a stream that is gone.
+    /// `made` (tails never go back, and one attempt landing makes it `made` at least), or
+    /// a stream that is gone (with whatever landed on it). Not `invalid_argument`: some of
+    /// its checks (a clock-dependent stamp, limits set by server flags) may refuse a retry
+    /// of an attempt that landed.
     fn shows_guarded_not_landed(&self, made: u64) -> bool {
         match self.code() {
             Some("failed_precondition") => self.next_seq_num().is_some_and(|next| next < made),
-            Some("invalid_argument" | "not_found") => true,
+            Some("not_found") => true,
             _ => false,
         }
     }
@@ -219,6 +221,17 @@ impl fmt::Display for Error {
 }
 
 impl std::error::Error for Error {}
+
+/// A failure reading an answer: the server's bytes broke the protocol (`InvalidData`: a
+/// malformed or oversized body, which sending again would not mend), or the connection
+/// failed.
+pub(super) fn read_failure(what: String, error: io::Error) -> Error {
+    if error.kind() == io::ErrorKind::InvalidData {
+        Error::Protocol(format!("{what}: {error}"))
+    } else {
+        Error::Io { what, error }
+    }
+}
 
 /// A body for an error message: its first 200 characters.
 fn excerpt(text: &str) -> String {
@@ -949,7 +962,10 @@ impl Client {
                 }
                 Ok(response)
             }
-            (Err(_), Err(error)) | (Err(error), Ok(())) => Err(io_error(error)),
+            (Err(error), Ok(())) => {
+                Err(read_failure(format!("{method} {path} on {}", self.server.authority), error))
+            }
+            (Err(_), Err(error)) => Err(io_error(error)),
         }
     }
 
@@ -1183,11 +1199,13 @@ impl Client {
     }
 
     /// An append guarded by `match_seq_num`, sent again while it fails transiently. Once
-    /// an attempt's outcome was unknown, a later failure is an answer only when it shows
+    /// an attempt's outcome was unknown, a later refusal is an answer only when it shows
     /// that no attempt landed ([`Error::shows_guarded_not_landed`]): a refusal with the
     /// tail the batch itself made, a fencing refusal (checked before `match_seq_num`), or
     /// a tail another writer moved past it all leave the first attempt's fate open, so
     /// the call fails with [`Error::Ambiguous`] for the caller to read the records back.
+    /// A last failure whose own outcome is unknown is returned as it is (it says so, and
+    /// stays transient: sending a guarded append again is safe).
     fn append_guarded(
         &self,
         path: &str,
@@ -1198,15 +1216,20 @@ impl Client {
         let mut unknown = None;
         let answer = self.retrying(true, || {
             let answer = self.call("POST", path, headers, Some(body), false);
+            // A connection refused sent nothing.
             if let Err(error) = &answer
                 && error.outcome_unknown()
+                && !matches!(&error, Error::Io { error, .. }
+                    if error.kind() == io::ErrorKind::ConnectionRefused)
             {
                 unknown = Some(error.to_string());
             }
             answer
         });
         match (answer, unknown) {
-            (Err(last), Some(earlier)) if !last.shows_guarded_not_landed(made) => {
+            (Err(last), Some(earlier))
+                if !last.outcome_unknown() && !last.shows_guarded_not_landed(made) =>
+            {
                 Err(Error::Ambiguous(format!(
                     "POST {path}: an attempt's outcome is unknown ({earlier}), and the last \
                      ended with {last}, which does not show that it did not land (this batch \

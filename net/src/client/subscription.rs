@@ -12,7 +12,7 @@ use serde_json::Value;
 use super::http::{self, Server, Streaming};
 use super::{
     Address, Error, Position, ReadOptions, Record, Result, StreamId, api_error_frame, push_records,
-    read_frame, records_from_json,
+    read_failure, read_frame, records_from_json,
 };
 
 /// The `Accept` of a binary subscription (a plain binary `Accept` reads one page).
@@ -67,12 +67,12 @@ impl Subscription {
         }
         let stream =
             http::open(server, "GET", &path, &headers, None, timeout).map_err(|error| {
-                Error::Io { what: format!("subscribe to {address} on {}", server.authority), error }
+                read_failure(format!("subscribe to {address} on {}", server.authority), error)
             })?;
         if stream.status != 200 {
             let response = stream
                 .finish()
-                .map_err(|error| Error::Io { what: format!("subscribe to {address}"), error })?;
+                .map_err(|error| read_failure(format!("subscribe to {address}"), error))?;
             return Err(Error::from_response(&response));
         }
         let stream_id = stream.header(crate::api::STREAM_ID_HEADER).and_then(StreamId::from_hex);
@@ -108,7 +108,7 @@ impl Subscription {
     fn next_binary(&mut self) -> Result<Option<SubscriptionEvent>> {
         loop {
             let more = read_frame(&mut self.stream.body, &mut self.frame)
-                .map_err(|error| Error::Io { what: "read a subscription".into(), error })?;
+                .map_err(|error| read_failure("read a subscription".into(), error))?;
             if !more {
                 return Err(ended_early("frame"));
             }
@@ -155,7 +155,7 @@ impl Subscription {
         loop {
             let body: &mut dyn BufRead = &mut self.stream.body;
             let event = http::next_event(body)
-                .map_err(|error| Error::Io { what: "read a subscription".into(), error })?
+                .map_err(|error| read_failure("read a subscription".into(), error))?
                 .ok_or_else(|| ended_early("event"))?;
             let data: Value = serde_json::from_str(&event.data).unwrap_or(Value::Null);
             return match event.event.as_str() {
