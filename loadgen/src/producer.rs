@@ -163,9 +163,10 @@ impl StreamState {
             .find(|&l| self.lanes[l].has_room(in_flight))
     }
 
-    /// Whether it sends no more: dead, or (at the end) with no connection open.
+    /// Whether it sends no more: dead, or (at the end) with no connection open but in an
+    /// outage.
     fn abandoned(&self) -> bool {
-        self.dead || self.lanes.iter().all(|l| l.session.is_none())
+        self.dead || self.lanes.iter().all(|l| l.session.is_none() || l.outage.is_some())
     }
 }
 
@@ -184,6 +185,8 @@ struct Producer<'a> {
     lane_changes: u64,
     /// Sending is over: failed sessions are no longer reopened.
     sending_over: bool,
+    /// Connections given up told as errors (see [`Producer::error_given_up`]).
+    given_up_told: usize,
     out: ProducerOutcome,
 }
 
@@ -201,6 +204,7 @@ pub fn run(shared: &Shared, client: &Client, specs: Vec<StreamSpec>, seed: u64) 
         window_end: clock.end,
         lane_changes: 0,
         sending_over: false,
+        given_up_told: 0,
         out: ProducerOutcome {
             ack: crate::stats::histogram(),
             ledgers: Vec::new(),
@@ -279,11 +283,14 @@ impl Producer<'_> {
         }
     }
 
-    /// An error kept whatever came before it: a connection given up, which happens once
-    /// per connection at most and says why its stream stopped.
-    fn error_kept(&mut self, text: String) {
+    /// A connection given up, which says why its stream stopped: kept whatever errors
+    /// came before it, the first [`ERRORS_KEPT`] of them.
+    fn error_given_up(&mut self, text: String) {
         self.shared.errors.fetch_add(1, Ordering::Relaxed);
-        self.out.errors.push(text);
+        if self.given_up_told < ERRORS_KEPT {
+            self.given_up_told += 1;
+            self.out.errors.push(text);
+        }
     }
 
     /// Whether the run was interrupted; the measured window then ends when the first worker
@@ -489,10 +496,13 @@ impl Producer<'_> {
     /// Collects the acknowledgements that arrived, and reopens the failed sessions whose
     /// wait is over.
     fn drain(&mut self, streams: &mut [StreamState]) {
+        // At most one try to reopen a session per pass: each may wait for its connection
+        // (up to a second), and the schedule of every stream waits with it.
+        let mut tried = false;
         for s in streams.iter_mut() {
             for lane in 0..s.lanes.len() {
-                if s.lanes[lane].session.is_none() && s.lanes[lane].outage.is_some() {
-                    self.reopen(s, lane);
+                if !tried && s.lanes[lane].session.is_none() && s.lanes[lane].outage.is_some() {
+                    tried = self.reopen(s, lane);
                 }
                 let mut cut = false;
                 while let Some(ack) =
@@ -587,7 +597,8 @@ impl Producer<'_> {
     /// The session of connection `lane_no` failed (it refused a batch, or its connection
     /// was cut under one): collects what it still answers (anything it does not is
     /// unanswered), then begins an outage, or goes on with the one a session reopened
-    /// and failed again before an acknowledgement was in, and its growing wait.
+    /// and failed again before an acknowledgement was in, and its growing wait. A later
+    /// [`Producer::drain`] reopens it.
     fn lane_failed(&mut self, s: &mut StreamState, lane_no: usize) {
         if let Some(old) = s.lanes[lane_no].session.take() {
             for ack in old.finish() {
@@ -600,7 +611,7 @@ impl Producer<'_> {
         match &mut s.lanes[lane_no].outage {
             Some(outage) if now.duration_since(outage.since) >= drain => {
                 let why = "every session reopened failed before an acknowledgement".into();
-                return self.give_up(s, lane_no, why);
+                self.give_up(s, lane_no, why);
             }
             Some(outage) => outage.wait_more(now),
             outage @ None => {
@@ -608,25 +619,29 @@ impl Producer<'_> {
                     Some(Outage { since: now, retry_at: now, wait: REOPEN_WAIT_MIN, told: false });
             }
         }
-        self.reopen(s, lane_no);
     }
 
     /// Tries to open the failed session of connection `lane` again, once its wait is
-    /// over; after `--drain` of outage the connection is given up, and with the last of
-    /// them the stream is dead. Only the first failed try of an outage and the last are
-    /// told as errors.
-    fn reopen(&mut self, s: &mut StreamState, lane: usize) {
+    /// over and while the window lasts; whether it tried. After `--drain` of outage
+    /// (counted from its first failure, idle time included) the connection is given up,
+    /// and with the last of them the stream is dead. Only the first failed try of an
+    /// outage and the last are told as errors.
+    fn reopen(&mut self, s: &mut StreamState, lane: usize) -> bool {
         let now = Instant::now();
         match &s.lanes[lane].outage {
-            Some(outage) if !self.sending_over && !s.dead && now >= outage.retry_at => {}
-            _ => return,
+            Some(outage)
+                if !self.sending_over
+                    && !s.dead
+                    && now >= outage.retry_at
+                    && now < self.window_end => {}
+            _ => return false,
         }
         let opened = self.client.append_session(&s.spec.address, self.shared.config.in_flight);
         // Connecting may take a while: the rest is measured from its end.
         let now = Instant::now();
         let drain = self.shared.config.drain;
         let l = &mut s.lanes[lane];
-        let Some(outage) = l.outage.as_mut() else { return };
+        let Some(outage) = l.outage.as_mut() else { return true };
         match opened {
             Ok(session) => {
                 l.session = Some(session);
@@ -645,6 +660,7 @@ impl Producer<'_> {
                 }
             }
         }
+        true
     }
 
     /// Gives connection `lane` up after `--drain` of outage, for `why`; with the last of
@@ -654,9 +670,12 @@ impl Producer<'_> {
         l.outage = None;
         l.gave_up = true;
         self.lane_changes += 1;
-        s.dead = s.lanes.iter().all(|l| l.gave_up);
+        s.dead |= s.lanes.iter().all(|l| l.gave_up);
         let drain = self.shared.config.drain;
-        self.error_kept(format!("{}: {why}; gave up after {drain:?} (--drain)", s.spec.address));
+        self.error_given_up(format!(
+            "{}: {why}; gave up after {drain:?} (--drain)",
+            s.spec.address
+        ));
     }
 
     /// Takes one acknowledgement; whether it says the connection was cut.
