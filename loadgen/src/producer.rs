@@ -595,13 +595,15 @@ impl Producer<'_> {
     }
 
     /// The session of connection `lane_no` failed (it refused a batch, or its connection
-    /// was cut under one): collects what it still answers (anything it does not is
-    /// unanswered), then begins an outage, or goes on with the one a session reopened
-    /// and failed again before an acknowledgement was in, and its growing wait. A later
+    /// was cut under one): takes what it has answered and closes it (what it has not
+    /// answered is unanswered: a session may have gone on, on a new connection, to a
+    /// server that never answers, and waiting for it would hold the producer), then
+    /// begins an outage, or goes on with the one a session reopened and failed again
+    /// before an acknowledgement was in, and its growing wait. A later
     /// [`Producer::drain`] reopens it.
     fn lane_failed(&mut self, s: &mut StreamState, lane_no: usize) {
-        if let Some(old) = s.lanes[lane_no].session.take() {
-            for ack in old.finish() {
+        if let Some(mut old) = s.lanes[lane_no].session.take() {
+            while let Some(ack) = old.try_recv() {
                 self.on_ack(s, lane_no, ack);
             }
         }
