@@ -712,8 +712,10 @@ fn a_guarded_append_refused_after_an_unknown_attempt_is_ambiguous() {
         direct.create_stream(&address, &StreamOptions::default(), None).expect("create");
         let tail = direct.fence(&address, "w1", None).expect("fence for the first writer");
         let proxy = Proxy::start(port, vec![Fault::DropResponse, Fault::Stall]);
+        // Three attempts: answered and dropped, held to the timeout, refused.
         let client = Client::new(&proxy.endpoint())
             .expect("url")
+            .with_attempts(3)
             .with_timeout(Some(std::time::Duration::from_secs(2)));
         std::thread::scope(|scope| {
             let appending = scope.spawn(|| {
