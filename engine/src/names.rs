@@ -102,8 +102,10 @@ pub struct BucketName(String);
 impl BucketName {
     /// Checks `name` against every bucket-name rule. The error names the rule broken.
     pub fn parse(name: &str) -> Result<Self> {
-        check_bucket_name(name)
-            .map_err(|rule| Error::InvalidBucketName { name: excerpt(name), rule })?;
+        check_bucket_name(name).map_err(|rule| Error::InvalidBucketName {
+            name: excerpt(name, EXCERPT_CHARS_MAX),
+            rule,
+        })?;
         Ok(Self(name.to_owned()))
     }
 
@@ -148,16 +150,20 @@ pub struct StreamKey(String);
 impl StreamKey {
     /// Checks `key` against every stream-key rule. The error names the rule broken.
     pub fn parse(key: &str) -> Result<Self> {
-        check_stream_key(key)
-            .map_err(|rule| Error::InvalidStreamKey { key: excerpt(key), rule })?;
+        check_stream_key(key).map_err(|rule| Error::InvalidStreamKey {
+            key: excerpt(key, EXCERPT_CHARS_MAX),
+            rule,
+        })?;
         Ok(Self(key.to_owned()))
     }
 
     /// Like [`StreamKey::parse`], for a key that arrived as bytes (a decoded URL segment):
     /// bytes that are not UTF-8 are refused, never replaced.
     pub fn from_bytes(key: &[u8]) -> Result<Self> {
-        let refuse =
-            |rule| Error::InvalidStreamKey { key: excerpt(&String::from_utf8_lossy(key)), rule };
+        let refuse = |rule| Error::InvalidStreamKey {
+            key: excerpt(&String::from_utf8_lossy(key), EXCERPT_CHARS_MAX),
+            rule,
+        };
         // Length first: it is the cheap check and bounds the work of the others.
         if !(STREAM_KEY_BYTES_MIN..=STREAM_KEY_BYTES_MAX).contains(&key.len()) {
             return Err(refuse(StreamKeyRule::Length { len: key.len() }));
@@ -192,9 +198,10 @@ const fn is_control(c: char) -> bool {
     matches!(c, '\u{0}'..='\u{1f}' | '\u{7f}'..='\u{9f}')
 }
 
-/// The first [`EXCERPT_CHARS_MAX`] characters of `text`, marked when cut.
-fn excerpt(text: &str) -> String {
-    match text.char_indices().nth(EXCERPT_CHARS_MAX) {
+/// The first `chars_max` characters of `text`, marked when cut: how an error message
+/// shows a value it quotes.
+pub fn excerpt(text: &str, chars_max: usize) -> String {
+    match text.char_indices().nth(chars_max) {
         Some((cut, _)) => format!("{}...", &text[..cut]),
         None => text.to_owned(),
     }

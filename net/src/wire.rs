@@ -296,11 +296,7 @@ pub(crate) fn excerpt(value: &Value) -> String {
     {
         return format!("{text} ({ROUNDED})");
     }
-    if text.chars().count() > 64 {
-        format!("{}...", text.chars().take(64).collect::<String>())
-    } else {
-        text
-    }
+    engine::names::excerpt(&text, 64)
 }
 
 // ---- Buckets and streams ------------------------------------------------------------

@@ -194,12 +194,15 @@ impl Error {
             // with an append's outcome unknown.
             _ if matches!(response.status, 502..=504) => Error::Io {
                 what: format!("reach the server (a gateway answered HTTP {})", response.status),
-                error: io::Error::other(excerpt(&response.text())),
+                error: io::Error::other(engine::names::excerpt(
+                    &response.text(),
+                    ERROR_BODY_CHARS_MAX,
+                )),
             },
             _ => Error::Protocol(format!(
                 "HTTP {} without an error body: {}",
                 response.status,
-                excerpt(&response.text())
+                engine::names::excerpt(&response.text(), ERROR_BODY_CHARS_MAX)
             )),
         }
     }
@@ -222,6 +225,9 @@ impl fmt::Display for Error {
 
 impl std::error::Error for Error {}
 
+/// How much of an answer that is not nova's an error message quotes, in characters.
+const ERROR_BODY_CHARS_MAX: usize = 200;
+
 /// A failure reading an answer: the server's bytes broke the protocol (`InvalidData`: a
 /// malformed or oversized body, which sending again would not mend), or the connection
 /// failed.
@@ -230,14 +236,6 @@ pub(super) fn read_failure(what: String, error: io::Error) -> Error {
         Error::Protocol(format!("{what}: {error}"))
     } else {
         Error::Io { what, error }
-    }
-}
-
-/// A body for an error message: its first 200 characters.
-fn excerpt(text: &str) -> String {
-    match text.char_indices().nth(200) {
-        Some((end, _)) => format!("{}...", &text[..end]),
-        None => text.to_owned(),
     }
 }
 
@@ -900,8 +898,9 @@ impl Client {
     /// `timeout`, whatever the call's own timeout: an append session, which may have none
     /// (a batch waits as long as the server holds it), still fails fast on a server that
     /// is down and whose host drops connection attempts.
+    /// A zero timeout is none.
     pub fn with_connect_timeout(mut self, timeout: Option<Duration>) -> Self {
-        self.server = self.server.with_connect_timeout(timeout.filter(|t| !t.is_zero()));
+        self.server = self.server.with_connect_timeout(timeout);
         self
     }
 
