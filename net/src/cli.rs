@@ -206,10 +206,6 @@ fn failed(error: client::Error) -> Failure {
 fn error_code(error: &client::Error) -> &str {
     match error {
         client::Error::Api(api) => &api.code,
-        // A session's answer the API does not give.
-        client::Error::Io { error, .. } if error.kind() == std::io::ErrorKind::InvalidData => {
-            "protocol_error"
-        }
         client::Error::Io { .. } => "connection_failed",
         client::Error::Protocol(_) => "protocol_error",
         client::Error::Invalid(_) => "invalid_argument",

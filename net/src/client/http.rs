@@ -518,6 +518,25 @@ mod tests {
         assert_eq!((&response.body[..], reusable), (&b"abc"[..], true));
     }
 
+    /// A body without a length, and an SSE event, are held to the cap as they arrive:
+    /// one byte past it is refused as malformed, not taken.
+    #[test]
+    fn a_body_or_an_event_past_the_cap_is_refused() {
+        use super::{RESPONSE_BODY_BYTES_MAX, next_event};
+        let past = || io::repeat(b'a').take(RESPONSE_BODY_BYTES_MAX + 1);
+        let head: &[u8] = b"HTTP/1.1 200 OK\r\nconnection: close\r\n\r\n";
+        let error = read_response(&mut io::BufReader::new(head.chain(past())), "GET").unwrap_err();
+        assert_eq!(error.kind(), io::ErrorKind::InvalidData, "{error}");
+
+        let mut event = io::BufReader::new((&b"data: "[..]).chain(past()));
+        let error = next_event(&mut event).unwrap_err();
+        assert_eq!(error.kind(), io::ErrorKind::InvalidData, "{error}");
+        // One under it is taken whole.
+        let at = (&b"data: "[..]).chain(io::repeat(b'a').take(1024)).chain(&b"\n\n"[..]);
+        let event = next_event(&mut io::BufReader::new(at)).unwrap().expect("an event");
+        assert_eq!(event.data.len(), 1024);
+    }
+
     /// A connection that closes between chunks is a body cut short, as one that closes
     /// inside a chunk is: not a malformed chunk size.
     #[test]

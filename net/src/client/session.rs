@@ -23,7 +23,8 @@
 //! behind it the same way, as unknown.
 //!
 //! A session never resends: when its connection fails, every batch in flight is answered
-//! with [`Error::Io`] (it may or may not have landed) and the session is closed; open a
+//! with [`Error::Io`] ([`Error::Protocol`] when what it read was not an answer the API
+//! gives; either way it may or may not have landed) and the session is closed; open a
 //! new one, and use `match_seq_num` to make the resend land once. A connection the
 //! server closed with nothing in flight (a JSON one idle past its
 //! `--http-idle-timeout-ms`; a streamed session at its stop, or with the server gone)
@@ -332,7 +333,9 @@ impl AppendSession {
     fn arrived(&mut self, ack: &SessionAck) {
         self.in_flight -= 1;
         match &ack.result {
-            Err(Error::Io { .. }) => self.failed = true,
+            // The connection failed, or its answer broke the protocol: either way it is
+            // done.
+            Err(Error::Io { .. } | Error::Protocol(_)) => self.failed = true,
             Err(_) if self.connection.format == Format::Binary => self.ended = true,
             _ => {}
         }
@@ -483,12 +486,12 @@ fn read_loop(stream: TcpStream, sent: &Receiver<(u64, Instant)>, acks: &Sender<S
 }
 
 /// A batch whose answer never came; `kind` is the connection's failure (a timeout shows
-/// as one).
+/// as one), or `InvalidData` for an answer the API does not give (a protocol error).
 fn lost(kind: std::io::ErrorKind, why: &str) -> Error {
-    Error::Io {
-        what: "append session (the batch may or may not have landed)".into(),
-        error: std::io::Error::new(kind, why.to_owned()),
-    }
+    super::read_failure(
+        "append session (the batch may or may not have landed)".into(),
+        std::io::Error::new(kind, why.to_owned()),
+    )
 }
 
 /// Why a streamed session's answer holds no next ack.
