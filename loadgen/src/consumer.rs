@@ -17,6 +17,7 @@ use std::time::{Duration, Instant};
 use hdrhistogram::Histogram;
 use net::client::{Client, Format, ReadOptions, Start, SubscriptionEvent};
 
+use crate::Backoff;
 use crate::interrupt::Interrupt;
 use crate::payload::Payload;
 use crate::producer::StreamSpec;
@@ -29,11 +30,6 @@ pub struct ConsumerOutcome {
     pub delivered: u64,
     pub error: Option<String>,
 }
-
-/// The wait before a follower opens its failed subscription again, doubled after each
-/// failure in a row up to [`RESUME_WAIT_MAX`].
-const RESUME_WAIT_MIN: Duration = Duration::from_millis(20);
-const RESUME_WAIT_MAX: Duration = Duration::from_millis(500);
 
 /// Follows `spec` from its first record until it has seen the stream's final tail (set in
 /// `shared.final_tails` once the producers are done). `client`'s reads wait at most
@@ -58,18 +54,14 @@ pub fn follow(shared: &Shared, client: &Client, spec: &StreamSpec) -> ConsumerOu
     // are known only once checked, so a follower at its tail may time out before then.
     let may_wait = || producers_done_for().is_none_or(|done_for| done_for <= drain);
     let mut next_seq = spec.base_seq;
-    let mut resume_wait = RESUME_WAIT_MIN;
-    let resume = |wait: &mut Duration| {
-        std::thread::sleep(*wait);
-        *wait = (*wait * 2).min(RESUME_WAIT_MAX);
-    };
+    let mut backoff = Backoff::new();
     let error = 'follow: loop {
         let options = ReadOptions::from_seq_num(next_seq);
         let subscription = match client.subscribe(&spec.address, &options, sse) {
             Ok(subscription) => subscription,
             Err(e) if e.timed_out() && may_wait() => continue,
             Err(e) if e.transient() && may_wait() => {
-                resume(&mut resume_wait);
+                std::thread::sleep(backoff.next_wait());
                 continue;
             }
             Err(e) => break Some(format!("{}: subscribe: {e}", spec.address)),
@@ -77,7 +69,7 @@ pub fn follow(shared: &Shared, client: &Client, spec: &StreamSpec) -> ConsumerOu
         for event in subscription {
             match event {
                 Ok(SubscriptionEvent::Records { records, .. }) => {
-                    resume_wait = RESUME_WAIT_MIN;
+                    backoff = Backoff::new();
                     let now_ns = clock.unix_ns(Instant::now());
                     for r in &records {
                         let Some(p) = Payload::parse(&r.body) else { continue };
@@ -104,7 +96,7 @@ pub fn follow(shared: &Shared, client: &Client, spec: &StreamSpec) -> ConsumerOu
                 Err(e) if e.timed_out() && reached(next_seq) => break 'follow None,
                 Err(e) if e.timed_out() && may_wait() => continue 'follow,
                 Err(e) if e.transient() && may_wait() => {
-                    resume(&mut resume_wait);
+                    std::thread::sleep(backoff.next_wait());
                     continue 'follow;
                 }
                 Err(e) => break 'follow Some(format!("{}: subscription: {e}", spec.address)),

@@ -33,6 +33,7 @@ use std::time::{Duration, Instant};
 use hdrhistogram::Histogram;
 use net::client::{Address, AppendSession, Batch, Client, Conditions, Error, SessionAck};
 
+use crate::Backoff;
 use crate::config::{Load, RecordBytes};
 use crate::payload::{self, Payload};
 use crate::run::Shared;
@@ -109,8 +110,8 @@ struct Outage {
     since: Instant,
     /// When to try to open the session again.
     retry_at: Instant,
-    /// The wait after the next failed try.
-    wait: Duration,
+    /// The waits between failed tries.
+    backoff: Backoff,
     /// Whether a failed reopen was told as an error (the first of an outage is, and the
     /// last).
     told: bool,
@@ -119,8 +120,7 @@ struct Outage {
 impl Outage {
     /// A try failed at `now`: the next waits longer.
     fn wait_more(&mut self, now: Instant) {
-        self.retry_at = now + self.wait;
-        self.wait = (self.wait * 2).min(REOPEN_WAIT_MAX);
+        self.retry_at = now + self.backoff.next_wait();
     }
 }
 
@@ -137,11 +137,6 @@ struct StreamState {
 }
 
 const ERRORS_KEPT: usize = 5;
-
-/// The wait before the first try to reopen a failed session, doubled after each failed
-/// try up to [`REOPEN_WAIT_MAX`].
-const REOPEN_WAIT_MIN: Duration = Duration::from_millis(20);
-const REOPEN_WAIT_MAX: Duration = Duration::from_millis(500);
 
 /// How often a producer with nothing to send but acknowledgements to wait for looks for
 /// them. Their times are taken on the sessions' reader threads, so polling costs no
@@ -617,8 +612,12 @@ impl Producer<'_> {
             }
             Some(outage) => outage.wait_more(now),
             outage @ None => {
-                *outage =
-                    Some(Outage { since: now, retry_at: now, wait: REOPEN_WAIT_MIN, told: false });
+                *outage = Some(Outage {
+                    since: now,
+                    retry_at: now,
+                    backoff: Backoff::new(),
+                    told: false,
+                });
             }
         }
     }
@@ -680,7 +679,8 @@ impl Producer<'_> {
         ));
     }
 
-    /// Takes one acknowledgement; whether it says the connection was cut.
+    /// Takes one acknowledgement; whether it says the connection was cut (or its answer
+    /// broke the protocol, which ends the session's connection as well).
     fn on_ack(&mut self, s: &mut StreamState, lane: usize, ack: SessionAck) -> bool {
         let Some(f) = s.lanes[lane].in_flight.pop_front() else {
             self.error(format!("{}: an acknowledgement nothing was waiting for", s.spec.address));
@@ -720,7 +720,7 @@ impl Producer<'_> {
                 // Its records may or may not be in the stream: verification allows both.
                 self.out.failed_batches += 1;
                 self.error(format!("{}: append: {e}", s.spec.address));
-                matches!(e, Error::Io { .. })
+                matches!(e, Error::Io { .. } | Error::Protocol(_))
             }
         }
     }
