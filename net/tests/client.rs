@@ -642,8 +642,7 @@ fn a_gateways_bare_error_is_a_failed_connection() {
     autocreating(&direct, "gateway", StorageClass::Express);
     let address = Address::new("gateway", "k");
     direct.append(&address, &batch(&["a", "b"]), &Conditions::default()).expect("append");
-    let port = nova.server.authority.rsplit(':').next().and_then(|p| p.parse().ok());
-    let port: u16 = port.expect("a port");
+    let port = nova.port();
 
     let proxy = Proxy::start(port, vec![Fault::Answer(GATEWAY)]);
     let client = Client::new(&proxy.endpoint()).expect("url").with_attempts(2);
@@ -699,8 +698,7 @@ fn a_guarded_append_refused_after_an_unknown_attempt_is_ambiguous() {
     let nova = Nova::start_with(&dir.path().join("data"), &[], &[]);
     let direct = Client::new(&nova.url).expect("url");
     autocreating(&direct, "guarded", StorageClass::Express);
-    let port = nova.server.authority.rsplit(':').next().and_then(|p| p.parse().ok());
-    let port: u16 = port.expect("a port");
+    let port = nova.port();
     let writer = |token: &str, seq_num| Conditions {
         match_seq_num: Some(seq_num),
         fencing_token: Some(token.into()),
@@ -757,8 +755,7 @@ fn a_guarded_append_whose_retry_finds_its_own_tail_fails_with_its_outcome_unknow
     let address = Address::new("guarded", "k");
     let guarded = |seq_num| Conditions { match_seq_num: Some(seq_num), ..Conditions::default() };
     direct.append(&address, &batch(&["first"]), &guarded(0)).expect("the first batch");
-    let port = nova.server.authority.rsplit(':').next().and_then(|p| p.parse().ok());
-    let proxy = Proxy::start(port.expect("a port"), vec![Fault::DropResponse]);
+    let proxy = Proxy::start(nova.port(), vec![Fault::DropResponse]);
     let client = Client::new(&proxy.endpoint()).expect("url");
     let error = client
         .append(&address, &batch(&["second", "third"]), &guarded(1))

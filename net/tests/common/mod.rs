@@ -281,6 +281,12 @@ impl Nova {
         json
     }
 
+    /// The port it listens on.
+    pub fn port(&self) -> u16 {
+        let port = self.server.authority.rsplit(':').next().and_then(|p| p.parse().ok());
+        port.expect("a server's authority ends with its port")
+    }
+
     pub fn pid(&self) -> i32 {
         self.child.as_ref().map_or(0, |c| c.id() as i32)
     }
