@@ -851,6 +851,17 @@ fn subscription_resumes_after_last_event_id_and_ends_at_a_bound(nova: &Nova) {
     assert_eq!(past.status, 416);
     let past = past.finish().expect("body");
     assert_eq!(past.json()["tail"]["seq_num"], 6);
+    // Resuming after the last sequence number there can be is past the tail too: the
+    // position after it does not wrap to 0, in either wire.
+    for accept in ["text/event-stream", "application/x-nova-records; subscribe=true"] {
+        let last = u64::MAX.to_string();
+        let headers = [("accept", accept), ("last-event-id", last.as_str())];
+        let path = "/v1/streams/sub2/s/records?seq_num=0";
+        let past = client::open(&nova.server, "GET", path, &headers, None, None).expect("request");
+        assert_eq!(past.status, 416, "{accept}");
+        let past = past.finish().expect("body").json();
+        assert_eq!((&past["code"], &past["tail"]["seq_num"]), (&json!("out_of_range"), &json!(6)));
+    }
     let mut body = String::new();
     let mut stream = subscribe(nova, "sub2", "seq_num=5&count=1", &[]);
     while stream.body.read_line(&mut body).expect("read") > 0 {}
@@ -1923,6 +1934,33 @@ fn a_subscriber_gone_gives_its_queued_pages_back_at_once() {
         assert!(gone.elapsed() < Duration::from_secs(5), "{held} bytes still held");
         std::thread::sleep(Duration::from_millis(10));
     }
+}
+
+/// A binary subscription's pages hold at most 4 MiB of content each (api.md), though a
+/// binary read's page may hold 16 MiB: what one subscriber can have queued is six such
+/// pages. Every record still comes, once, in order.
+#[test]
+fn binary_subscription_pages_are_capped() {
+    const BINARY_PAGE_BYTES_MAX: u64 = 4 << 20;
+    let dir = tempdir();
+    let nova = Nova::start_with(&dir.path().join("data"), &["--shards", "1"], &[]);
+    nova.ok("POST", "/v1/buckets/cap", Some(r#"{"create_stream_on_append":true}"#), 201);
+    // Three batches of 64 records of 64 KiB: 12 MiB, under one binary read page.
+    common::append_large(&nova, "cap/s", 3);
+    let record_bytes = 64 << 10;
+    assert!(3 * 64 * record_bytes < engine::limits::READ_PAGE_BYTES_MAX_BINARY);
+    let mut stream = subscribe_binary(&nova, "cap", "seq_num=0&count=192");
+    let (mut next, mut largest) = (0, 0);
+    while next < 192 {
+        let (records, next_seq_num, _) = binary_page(&mut stream);
+        let seq_nums: Vec<u64> = records.iter().map(|&(seq_num, _)| seq_num).collect();
+        assert_eq!(seq_nums, (next..next_seq_num).collect::<Vec<_>>(), "no gap, no duplicate");
+        let bytes = records.len() as u64 * record_bytes;
+        assert!(bytes <= BINARY_PAGE_BYTES_MAX, "a page of {bytes} bytes");
+        (next, largest) = (next_seq_num, largest.max(bytes));
+    }
+    assert_eq!(largest, BINARY_PAGE_BYTES_MAX, "the cap, not something else, cuts the pages");
+    assert!(binary_records_then_end(&mut stream).is_empty());
 }
 
 /// Sends a GET on a kept-alive connection and reads its whole answer: status and body.
