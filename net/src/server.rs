@@ -4,7 +4,8 @@
 //! `--http-connections-max` connections per shard (the permit is taken before a
 //! connection is accepted), and a graceful stop: when the node stops, each shard stops
 //! accepting, lets every connection finish the request in hand (hyper's graceful
-//! shutdown), and returns once all are closed.
+//! shutdown), serves one request on each connection the kernel had already queued for
+//! it, and returns once all are closed.
 //!
 //! It never touches a stream itself: every verb goes through the node's `Client`, which
 //! routes it to the stream's leader shard.
@@ -101,8 +102,9 @@ const LISTEN_BACKLOG: i32 = 1024;
 /// port, and SO_REUSEADDR, so a restart finds its port free while the connections the
 /// last run closed wait out TIME_WAIT. (glommio's `TcpListener::bind` sets only the
 /// first: a server restarted within a minute of closing connections found its own port
-/// "in use".) The accepted connections inherit both.
-fn listen(address: SocketAddr) -> std::io::Result<TcpListener> {
+/// "in use".) The accepted connections inherit both. Also a second handle on the same
+/// socket, for taking what is queued when the node stops ([`serve_queued`]).
+fn listen(address: SocketAddr) -> std::io::Result<(TcpListener, socket2::Socket)> {
     use socket2::{Domain, Protocol, Socket, Type};
     use std::os::fd::{FromRawFd as _, IntoRawFd as _};
     let socket = Socket::new(Domain::for_address(address), Type::STREAM, Some(Protocol::TCP))?;
@@ -110,8 +112,40 @@ fn listen(address: SocketAddr) -> std::io::Result<TcpListener> {
     socket.set_reuse_port(true)?;
     socket.bind(&address.into())?;
     socket.listen(LISTEN_BACKLOG)?;
+    let queue = socket.try_clone()?;
     // SAFETY: a bound, listening socket whose descriptor the listener now owns alone.
-    Ok(unsafe { TcpListener::from_raw_fd(socket.into_raw_fd()) })
+    Ok((unsafe { TcpListener::from_raw_fd(socket.into_raw_fd()) }, queue))
+}
+
+/// Serves the connections the kernel queued for this shard before the node stopped,
+/// one request each (as every connection gets once stopping: hyper's graceful
+/// shutdown). Closing the listener with them queued would reset them, and a client
+/// whose request sat in the queue could not tell whether it was taken. Each takes a
+/// connection permit, as any other; at most a backlog's worth are taken, so a client
+/// that keeps connecting does not hold the stop.
+async fn serve_queued(queue: &socket2::Socket, permits: &Rc<Semaphore>, shared: &Rc<Shared>) {
+    if let Err(error) = queue.set_nonblocking(true) {
+        crate::log_line!("nova cannot take queued connections on shard {}: {error}", shared.shard);
+        return;
+    }
+    for _ in 0..LISTEN_BACKLOG {
+        let Ok(permit) = permits.acquire_static_permit(1).await else { return };
+        match queue.accept() {
+            Ok((socket, _)) => {
+                use std::os::fd::{FromRawFd as _, IntoRawFd as _};
+                // SAFETY: a connected socket whose descriptor the stream now owns alone.
+                let stream = unsafe { TcpStream::from_raw_fd(socket.into_raw_fd()) };
+                glommio::spawn_local(connection(Rc::clone(shared), stream, permit)).detach();
+            }
+            Err(error) if error.kind() == std::io::ErrorKind::WouldBlock => return,
+            // Reset by its client before it was taken: the next one.
+            Err(error) if error.kind() == std::io::ErrorKind::ConnectionAborted => {}
+            Err(error) => {
+                crate::log_line!("nova accept failed on shard {}: {error}", shared.shard);
+                return;
+            }
+        }
+    }
 }
 
 async fn serve_shard(
@@ -142,10 +176,10 @@ async fn serve_shard(
         }
         None => {}
     }
-    let listener = match listen(config.listen) {
-        Ok(listener) => {
+    let (listener, queue) = match listen(config.listen) {
+        Ok(listening) => {
             let _ = bound.send(Ok(()));
-            listener
+            listening
         }
         Err(error) => {
             let _ = bound.send(Err(format!(
@@ -193,6 +227,8 @@ async fn serve_shard(
         glommio::spawn_local(connection(Rc::clone(&shared), stream, permit)).detach();
     }
     drop(listener);
+    serve_queued(&queue, &permits, &shared).await;
+    drop(queue);
     // Every connection gives its permit back when it closes.
     let _ = permits.acquire(config.connections_max).await;
 }
@@ -204,7 +240,11 @@ async fn connection(shared: Rc<Shared>, stream: TcpStream, permit: StaticPermit)
     let handler = Rc::clone(&shared);
     // The connection's last caller, so a kept-alive connection's token is checked once.
     let callers = Rc::new(CallerCache::default());
-    let activity = Rc::new(Activity { answering: Cell::new(0), progress: Rc::default() });
+    let activity = Rc::new(Activity {
+        answering: Cell::new(0),
+        requested: Cell::new(false),
+        progress: Rc::default(),
+    });
     let io = Io::new(stream, Rc::clone(&activity.progress));
     let requests = Rc::clone(&activity);
     let service = service_fn(move |request| {
@@ -222,15 +262,22 @@ async fn connection(shared: Rc<Shared>, stream: TcpStream, permit: StaticPermit)
             pin!(http1::Builder::new().keep_alive(true).serve_connection(io, service));
         let stopping = shared.stopping.clone();
         let mut stop = pin!(stopping.wait());
-        let mut shutting_down = false;
+        let (mut stopped, mut shutting_down) = (false, false);
         let mut watchdog = Watchdog::new(shared.settings.idle_timeout);
         std::future::poll_fn(|cx| {
-            if !shutting_down && stop.as_mut().poll(cx).is_ready() {
+            if !stopped && stop.as_mut().poll(cx).is_ready() {
+                stopped = true;
+                // One that sends no request, or whose client stopped reading, is the
+                // watchdog's, sooner.
+                watchdog.shorten(shared.settings.shutdown_idle);
+            }
+            // hyper closes a connection between requests now, or after the request in
+            // hand. It would also close one that has not read a byte yet, though its
+            // first request may be on its way (just accepted, or queued at the stop): that
+            // one is told once its first request has come.
+            if stopped && !shutting_down && activity.requested.get() {
                 shutting_down = true;
                 connection.as_mut().graceful_shutdown();
-                // hyper closes a connection between requests now, but one that never sent a
-                // request, or whose client stopped reading, is the watchdog's, sooner.
-                watchdog.shorten(shared.settings.shutdown_idle);
             }
             if let Poll::Ready(result) = connection.as_mut().poll(cx) {
                 return Poll::Ready(Ok(result));
@@ -257,6 +304,8 @@ async fn connection(shared: Rc<Shared>, stream: TcpStream, permit: StaticPermit)
 /// write waits for the client to take bytes.
 struct Activity {
     answering: Cell<u32>,
+    /// A request has come (see `connection`'s graceful shutdown).
+    requested: Cell<bool>,
     progress: Rc<Progress>,
 }
 
@@ -279,6 +328,7 @@ struct Answering(Rc<Activity>);
 impl Answering {
     fn begin(activity: &Rc<Activity>) -> Self {
         activity.answering.set(activity.answering.get() + 1);
+        activity.requested.set(true);
         Answering(Rc::clone(activity))
     }
 }

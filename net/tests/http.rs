@@ -1623,6 +1623,39 @@ fn sigterm_ends_open_append_sessions() {
     assert_eq!(bodies, [b"acked".as_slice()]);
 }
 
+/// A connection the kernel queued before the stop is served, not reset: with the one
+/// connection permit held, a second client's append waits in the kernel's queue when
+/// SIGTERM comes; the server takes it, acknowledges it, and the record survives.
+#[test]
+fn sigterm_serves_connections_queued_in_the_kernel() {
+    use std::io::{Read as _, Write as _};
+    let dir = tempdir();
+    let data = dir.path().join("data");
+    let one = ["--shards", "1"];
+    let nova = Nova::start_with(&data, &[&one[..], &["--http-connections-max", "1"]].concat(), &[]);
+    nova.express_bucket("queued");
+    // The one permit, held by a kept-alive connection.
+    let mut held = std::net::TcpStream::connect(&nova.server.authority).expect("connect");
+    assert_eq!(get_on(&mut held, "/health", "application/json").0, 200);
+    let mut queued = std::net::TcpStream::connect(&nova.server.authority).expect("connect");
+    let body = r#"{"records":[{"body":"queued"}]}"#;
+    let head = format!(
+        "POST /v1/streams/queued/s/records HTTP/1.1\r\nhost: nova\r\ncontent-length: {}\r\n\r\n",
+        body.len()
+    );
+    queued.write_all(format!("{head}{body}").as_bytes()).expect("send the append");
+    assert!(nova.terminate().success());
+    let (status, answer) = read_answer(&mut queued);
+    let answer = String::from_utf8_lossy(&answer);
+    assert_eq!(status, 200, "{answer}");
+    assert!(answer.contains(r#""start":{"seq_num":0"#), "{answer}");
+    let mut rest = Vec::new();
+    queued.read_to_end(&mut rest).expect("the server closes it after the answer");
+    assert!(rest.is_empty());
+    let nova = Nova::start_with(&data, &one, &[]);
+    assert_eq!(read_all(&nova, "/v1/streams/queued/s"), ["queued"]);
+}
+
 #[test]
 fn sigterm_exits_zero_and_acknowledged_records_survive_a_restart() {
     sigterm_case(Store::Local);
