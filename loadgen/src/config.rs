@@ -28,7 +28,7 @@ workload:
   --batch N                 records per append (default 16)
   --rate R                  open loop: R records/s in total on a fixed schedule (default 10000)
   --closed-loop             closed loop instead: each connection keeps --in-flight appends open
-  --in-flight N             unacknowledged appends per connection (default 64)
+  --in-flight N             unacknowledged appends per connection (default 256)
   --duration D              measured time (default 10s; 500ms, 10s, 2m)
   --warmup D                time before measuring (default 2s)
   --drain D                 after sending stops, how long to wait for the acknowledgements in
@@ -148,7 +148,7 @@ impl Config {
             record_bytes: RecordBytes::Fixed(1024),
             batch: 16,
             load: Load::Open { records_per_second: 10_000.0 },
-            in_flight: 64,
+            in_flight: 256,
             duration: Duration::from_secs(10),
             warmup: Duration::from_secs(2),
             drain: Duration::from_secs(30),

@@ -206,8 +206,8 @@ fn finish(
 
 #[test]
 fn an_open_loop_run_the_server_cannot_keep_up_with_ends_at_its_duration() {
-    // A standard stream answers one batch at a time on a connection, each after about
-    // 270 ms (docs/loadgen.md): 25 batches/s asked for, about 4 answered.
+    // A standard stream acknowledges a batch after about 270 ms (docs/loadgen.md): with 2
+    // in flight, about 7 batches/s answered of the 25 asked for.
     let dir = tempfile::tempdir().unwrap();
     let json = dir.path().join("r.json");
     let duration = Duration::from_secs(2);
