@@ -418,6 +418,88 @@ fn a_timeout_ends_a_connect_the_server_never_takes() {
     assert!(session.is_err(), "a session needs its connection");
 }
 
+/// A server on a port of its own that answers each request (once its head has come) by
+/// writing `answer` one byte at a time, `pace` apart, then closing; and how many
+/// requests it has taken.
+fn answering_slowly(
+    answer: impl Iterator<Item = u8> + Clone + Send + 'static,
+    pace: std::time::Duration,
+) -> (String, std::sync::Arc<std::sync::atomic::AtomicUsize>) {
+    use std::io::{BufRead as _, Write as _};
+    use std::sync::atomic::Ordering;
+    let listener = std::net::TcpListener::bind("127.0.0.1:0").expect("bind");
+    let url = format!("http://{}", listener.local_addr().expect("address"));
+    let requests = std::sync::Arc::new(std::sync::atomic::AtomicUsize::new(0));
+    let taken = std::sync::Arc::clone(&requests);
+    std::thread::spawn(move || {
+        for mut stream in listener.incoming().map_while(Result::ok) {
+            let (answer, taken) = (answer.clone(), std::sync::Arc::clone(&taken));
+            std::thread::spawn(move || {
+                let mut head = std::io::BufReader::new(stream.try_clone().expect("clone"));
+                let mut line = String::new();
+                while head.read_line(&mut line).is_ok_and(|n| n > 0) && line != "\r\n" {
+                    line.clear();
+                }
+                taken.fetch_add(1, Ordering::SeqCst);
+                for byte in answer {
+                    if stream.write_all(&[byte]).is_err() {
+                        return;
+                    }
+                    std::thread::sleep(pace);
+                }
+            });
+        }
+    });
+    (url, requests)
+}
+
+/// A deadline bounds a whole call. A server that answers a byte every 50 ms, each well
+/// within the 5 s per-read timeout and never to its end, ends the call at the deadline
+/// (without it the call would never end); and a retry whose wait (the server's
+/// Retry-After) would end past the deadline is not made: the refusal comes back at once.
+#[test]
+fn a_deadline_bounds_a_whole_call() {
+    use std::sync::atomic::Ordering;
+    use std::time::{Duration, Instant};
+    let deadline = Duration::from_millis(400);
+    let client = |url: &str| {
+        Client::new(url)
+            .expect("client")
+            .with_attempts(3)
+            .with_timeout(Some(Duration::from_secs(5)))
+            .with_deadline(Some(deadline))
+    };
+    let endless = b"HTTP/1.1 200 OK\r\nx-slow: ".iter().copied().chain(std::iter::repeat(b'a'));
+    let (url, requests) = answering_slowly(endless, Duration::from_millis(50));
+    let started = Instant::now();
+    let error = client(&url).check_tail(&Address::new("b", "k")).expect_err("never answered");
+    let took = started.elapsed();
+    assert!(error.timed_out(), "{error}");
+    assert!(took >= deadline && took < deadline * 4, "the call took {took:?}");
+    assert_eq!(requests.load(Ordering::SeqCst), 1, "no attempt after the deadline");
+
+    let body = r#"{"code":"resource_exhausted","message":"full"}"#;
+    let refusal = format!(
+        "HTTP/1.1 429 Too Many Requests\r\nretry-after: 2\r\ncontent-length: {}\r\n\
+         connection: close\r\n\r\n{body}",
+        body.len()
+    );
+    let (url, requests) = answering_slowly(refusal.into_bytes().into_iter(), Duration::ZERO);
+    let started = Instant::now();
+    match client(&url).check_tail(&Address::new("b", "k")) {
+        Err(Error::Api(error)) => {
+            assert_eq!((error.status, error.retry_after_seconds), (429, Some(2)))
+        }
+        other => panic!("expected the refusal, got {other:?}"),
+    }
+    assert!(started.elapsed() < deadline, "waited {:?}", started.elapsed());
+    assert_eq!(requests.load(Ordering::SeqCst), 1, "not sent again");
+    // Without a deadline, the same call waits the Retry-After out and sends it again.
+    let patient = Client::new(&url).expect("client").with_attempts(2);
+    assert!(patient.check_tail(&Address::new("b", "k")).is_err());
+    assert_eq!(requests.load(Ordering::SeqCst), 3, "sent again after Retry-After");
+}
+
 /// Sessions left idle past the server's `--http-idle-timeout-ms`: a JSON one (requests
 /// on a keep-alive connection) has its connection closed by the server, and with nothing
 /// in flight its next batch goes on a new one; a streamed one is a request still being

@@ -20,6 +20,9 @@
 //!   resent: a plain append may have landed. A guarded append whose retry is refused
 //!   with the tail it would itself have made fails with its outcome unknown, never as
 //!   a refusal.
+//! - Bounds the waits: each read and write ([`Client::with_timeout`]), each connect
+//!   ([`Client::with_connect_timeout`]), and a whole call, retries included
+//!   ([`Client::with_deadline`]).
 //!
 //! Never here: sequencing, stamping or checking records beyond their encoding; the server
 //! is the authority for every limit.
@@ -36,10 +39,10 @@ mod session;
 mod subscription;
 
 use std::fmt;
-use std::io::{self, BufReader, Write as _};
+use std::io::{self, BufReader, Read, Write};
 use std::net::TcpStream;
 use std::sync::Mutex;
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
 use base64::Engine as _;
 use base64::engine::general_purpose::STANDARD as BASE64;
@@ -162,7 +165,8 @@ impl Error {
     }
 
     /// Whether the call failed because the server did not answer within the client's
-    /// timeout ([`Client::with_timeout`]).
+    /// timeout ([`Client::with_timeout`]) or the call's deadline
+    /// ([`Client::with_deadline`]).
     pub fn timed_out(&self) -> bool {
         matches!(self, Error::Io { error, .. }
             if matches!(error.kind(), io::ErrorKind::WouldBlock | io::ErrorKind::TimedOut))
@@ -786,22 +790,32 @@ fn records_from_json(page: &Value) -> Result<Vec<Record>> {
 
 /// A kept-alive connection.
 struct Conn {
-    reader: BufReader<TcpStream>,
+    reader: BufReader<Timed>,
 }
 
 impl Conn {
-    /// A connection whose every read and write waits at most `timeout` (None: no limit).
-    fn connect(server: &Server, timeout: Option<Duration>) -> io::Result<Conn> {
-        let stream = http::connect(server, timeout)?;
+    /// A connection whose every read and write waits at most `timeout` (None: no limit),
+    /// tried for at most what is left until `until`.
+    fn connect(
+        server: &Server,
+        timeout: Option<Duration>,
+        until: Option<Instant>,
+    ) -> io::Result<Conn> {
+        let stream = http::connect(server, Timed::limit(timeout, until)?)?;
         stream.set_nodelay(true)?;
         stream.set_read_timeout(timeout)?;
         stream.set_write_timeout(timeout)?;
-        Ok(Conn { reader: BufReader::with_capacity(64 << 10, stream) })
+        Ok(Conn { reader: BufReader::with_capacity(64 << 10, Timed { stream, timeout, until }) })
+    }
+
+    /// The connection's reads and writes end by `until` from now on (one call's).
+    fn until(&mut self, until: Option<Instant>) {
+        self.reader.get_mut().until = until;
     }
 
     /// Whether the server closed it (or sent something unasked) while it sat idle.
     fn is_stale(&self) -> bool {
-        let stream = self.reader.get_ref();
+        let stream = &self.reader.get_ref().stream;
         if !self.reader.buffer().is_empty() || stream.set_nonblocking(true).is_err() {
             return true;
         }
@@ -809,6 +823,49 @@ impl Conn {
         let stale =
             !matches!(stream.peek(&mut probe), Err(e) if e.kind() == io::ErrorKind::WouldBlock);
         stale || stream.set_nonblocking(false).is_err()
+    }
+}
+
+/// A pooled connection's socket: each read and write waits at most the client's timeout,
+/// and none past the deadline of the call it serves.
+struct Timed {
+    stream: TcpStream,
+    timeout: Option<Duration>,
+    until: Option<Instant>,
+}
+
+impl Timed {
+    /// How long one wait may last: `timeout`, cut to what is left until `until`; an error
+    /// once nothing is.
+    fn limit(timeout: Option<Duration>, until: Option<Instant>) -> io::Result<Option<Duration>> {
+        let Some(until) = until else { return Ok(timeout) };
+        let left = until.saturating_duration_since(Instant::now());
+        if left.is_zero() {
+            return Err(io::Error::new(io::ErrorKind::TimedOut, "the call's deadline passed"));
+        }
+        Ok(Some(timeout.map_or(left, |timeout| timeout.min(left))))
+    }
+}
+
+impl Read for Timed {
+    fn read(&mut self, buf: &mut [u8]) -> io::Result<usize> {
+        if self.until.is_some() {
+            self.stream.set_read_timeout(Timed::limit(self.timeout, self.until)?)?;
+        }
+        self.stream.read(buf)
+    }
+}
+
+impl Write for Timed {
+    fn write(&mut self, buf: &[u8]) -> io::Result<usize> {
+        if self.until.is_some() {
+            self.stream.set_write_timeout(Timed::limit(self.timeout, self.until)?)?;
+        }
+        self.stream.write(buf)
+    }
+
+    fn flush(&mut self) -> io::Result<()> {
+        self.stream.flush()
     }
 }
 
@@ -821,6 +878,8 @@ pub struct Client {
     backoff: Duration,
     /// Each read and write on a pooled connection waits at most this long.
     timeout: Option<Duration>,
+    /// A call, its attempts and the waits between them included, ends within this long.
+    deadline: Option<Duration>,
     /// Whether a safe call that timed out is made again.
     timeouts_repeated: bool,
     idle: Mutex<Vec<Conn>>,
@@ -845,6 +904,7 @@ impl Client {
             attempts: 3,
             backoff: Duration::from_millis(50),
             timeout: None,
+            deadline: None,
             timeouts_repeated: true,
             idle: Mutex::new(Vec::new()),
         })
@@ -873,6 +933,19 @@ impl Client {
     /// (`--sse-heartbeat-ms`, 15 s at most). A zero timeout is none.
     pub fn with_timeout(mut self, timeout: Option<Duration>) -> Self {
         self.timeout = timeout.filter(|timeout| !timeout.is_zero());
+        self
+    }
+
+    /// Each call ends within `deadline` (None, the default: no bound but the timeouts),
+    /// its connection, its attempts and the waits between them included: a call whose
+    /// deadline passes fails with an [`Error::Io`] that [`Error::timed_out`], and a retry
+    /// that could not begin before it is not made (the last failure is returned). The
+    /// per-read `timeout` bounds a server that stops answering; this bounds one that
+    /// answers too slowly, or a call's retries. Append sessions and subscriptions, which
+    /// last as long as their caller wants, are not bounded by it. A read with `wait` (a
+    /// long poll) needs a deadline above its wait. A zero deadline is none.
+    pub fn with_deadline(mut self, deadline: Option<Duration>) -> Self {
+        self.deadline = deadline.filter(|deadline| !deadline.is_zero());
         self
     }
 
@@ -908,15 +981,24 @@ impl Client {
         self.format
     }
 
-    fn take_conn(&self) -> io::Result<(Conn, bool)> {
+    /// An idle pooled connection, or a new one; its waits end by `until`.
+    fn take_conn(&self, until: Option<Instant>) -> io::Result<Conn> {
         loop {
             let idle = self.idle.lock().map(|mut idle| idle.pop()).unwrap_or(None);
             match idle {
                 Some(conn) if conn.is_stale() => continue,
-                Some(conn) => return Ok((conn, true)),
-                None => return Ok((Conn::connect(&self.server, self.timeout)?, false)),
+                Some(mut conn) => {
+                    conn.until(until);
+                    return Ok(conn);
+                }
+                None => return Conn::connect(&self.server, self.timeout, until),
             }
         }
+    }
+
+    /// When a call begun now must have ended ([`Client::with_deadline`]).
+    fn call_until(&self) -> Option<Instant> {
+        self.deadline.map(|deadline| Instant::now() + deadline)
     }
 
     fn put_conn(&self, conn: Conn) {
@@ -927,19 +1009,20 @@ impl Client {
         }
     }
 
-    /// One request on a kept-alive connection.
+    /// One request on a kept-alive connection, ended by `until`.
     fn send_once(
         &self,
         method: &str,
         path: &str,
         headers: &[(&str, &str)],
         body: Option<&[u8]>,
+        until: Option<Instant>,
     ) -> Result<Response> {
         let io_error = |error: io::Error| Error::Io {
             what: format!("{method} {path} on {}", self.server.authority),
             error,
         };
-        let (mut conn, _reused) = self.take_conn().map_err(io_error)?;
+        let mut conn = self.take_conn(until).map_err(io_error)?;
         let mut out = Vec::with_capacity(256 + body.map_or(0, <[u8]>::len));
         http::encode_head(
             &mut out,
@@ -978,8 +1061,21 @@ impl Client {
         body: Option<&[u8]>,
         safe: bool,
     ) -> Result<Response> {
-        self.retrying(safe, || {
-            self.send_once(method, path, headers, body).and_then(|response| {
+        self.call_by(method, path, headers, body, safe, self.call_until())
+    }
+
+    /// [`Client::call`], ended by `until`.
+    fn call_by(
+        &self,
+        method: &str,
+        path: &str,
+        headers: &[(&str, &str)],
+        body: Option<&[u8]>,
+        safe: bool,
+        until: Option<Instant>,
+    ) -> Result<Response> {
+        self.retrying(safe, until, || {
+            self.send_once(method, path, headers, body, until).and_then(|response| {
                 if (200..300).contains(&response.status) {
                     Ok(response)
                 } else {
@@ -991,24 +1087,35 @@ impl Client {
 
     /// Runs `attempt` until it succeeds, fails for good, or the attempts are spent (one
     /// when it is not `safe` to repeat): after a transient failure it waits the backoff,
-    /// doubled each time, or the server's `Retry-After` when that is longer.
-    fn retrying<T>(&self, safe: bool, mut attempt: impl FnMut() -> Result<T>) -> Result<T> {
+    /// doubled each time, or the server's `Retry-After` when that is longer. No attempt
+    /// begins after that wait when it would end past `until`.
+    fn retrying<T>(
+        &self,
+        safe: bool,
+        until: Option<Instant>,
+        mut attempt: impl FnMut() -> Result<T>,
+    ) -> Result<T> {
         let attempts = if safe { self.attempts } else { 1 };
         let mut backoff = self.backoff;
         let mut tried = 1;
         loop {
-            match attempt() {
+            let error = match attempt() {
                 Err(error)
                     if tried < attempts
                         && error.transient()
                         && (self.timeouts_repeated || !error.timed_out()) =>
                 {
-                    std::thread::sleep(backoff.max(error.retry_after()));
-                    backoff = (backoff * 2).min(BACKOFF_MAX);
-                    tried += 1;
+                    error
                 }
                 other => return other,
+            };
+            let wait = backoff.max(error.retry_after());
+            if until.is_some_and(|until| Instant::now() + wait >= until) {
+                return Err(error);
             }
+            std::thread::sleep(wait);
+            backoff = (backoff * 2).min(BACKOFF_MAX);
+            tried += 1;
         }
     }
 
@@ -1212,9 +1319,9 @@ impl Client {
         body: &[u8],
         made: u64,
     ) -> Result<Response> {
-        let mut unknown = None;
-        let answer = self.retrying(true, || {
-            let answer = self.call("POST", path, headers, Some(body), false);
+        let (mut unknown, until) = (None, self.call_until());
+        let answer = self.retrying(true, until, || {
+            let answer = self.call_by("POST", path, headers, Some(body), false, until);
             // A connection refused sent nothing.
             if let Err(error) = &answer
                 && error.outcome_unknown()
@@ -1340,8 +1447,9 @@ impl Client {
         last_seq_num: Option<u64>,
     ) -> Result<Subscription> {
         let sse = sse || self.format == Format::Json;
-        // Opening is a read: safe to repeat.
-        self.retrying(true, || {
+        // Opening is a read: safe to repeat (not bounded by the deadline: see
+        // `with_deadline`).
+        self.retrying(true, None, || {
             Subscription::open(&self.server, address, options, sse, last_seq_num, self.timeout)
         })
     }
