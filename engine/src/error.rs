@@ -108,15 +108,18 @@ pub enum Error {
 
     /// Uncapped timestamping together with age retention, at create or update, for a
     /// stream or a bucket's defaults (records.md, Timestamps). The field names are the
-    /// wire names of where the combination was found.
+    /// wire names of where the combination was found; `from_bucket` names the bucket
+    /// default a stream's create took one of them from (the request did not send it).
     #[error(
-        "{uncapped_field} cannot be combined with {age_field} {retention_max_age_ms}: \
-         age retention reads record time as wall-clock time"
+        "{uncapped_field} cannot be combined with {age_field} {retention_max_age_ms}{}: \
+         age retention reads record time as wall-clock time",
+        from_bucket.map_or(String::new(), |field| format!(" (taken from the bucket's {field})"))
     )]
     UncappedWithAgeRetention {
         uncapped_field: &'static str,
         age_field: &'static str,
         retention_max_age_ms: u64,
+        from_bucket: Option<&'static str>,
     },
 
     /// A bucket's opaque location is longer than nova stores.
@@ -558,9 +561,22 @@ mod tests {
                     uncapped_field: "timestamping_uncapped",
                     age_field: "retention_max_age_ms",
                     retention_max_age_ms: 60_000,
+                    from_bucket: None,
                 },
                 Code::InvalidArgument,
-                &["timestamping_uncapped", "retention_max_age_ms 60000"],
+                &["timestamping_uncapped", "retention_max_age_ms 60000:"],
+            ),
+            (
+                Error::UncappedWithAgeRetention {
+                    uncapped_field: "timestamping_uncapped",
+                    age_field: "retention_max_age_ms",
+                    retention_max_age_ms: 60_000,
+                    from_bucket: Some("default_retention_max_age_ms"),
+                },
+                Code::InvalidArgument,
+                &[
+                    "retention_max_age_ms 60000 (taken from the bucket's default_retention_max_age_ms)",
+                ],
             ),
             (
                 Error::LocationTooLong { len: 300, limit: 256 },

@@ -328,7 +328,31 @@ impl StreamOptions {
         if let Some(rate) = nonzero(request.throughput_max_bytes_per_second) {
             options.throughput_max_bytes_per_second = rate;
         }
-        options.validate_in(scope)?;
+        options.validate_in(scope).map_err(|error| match error {
+            // A stream's create that took one of the two from its bucket says which: the
+            // request alone does not show it (a create's 0 takes the bucket's value).
+            Error::UncappedWithAgeRetention {
+                uncapped_field,
+                age_field,
+                retention_max_age_ms,
+                from_bucket: None,
+            } if scope == OptionScope::Stream => {
+                let from_bucket = if request.retention_max_age_ms == 0 {
+                    Some(Field::RetentionMaxAgeMs.name(OptionScope::BucketDefaults))
+                } else if !request.timestamping_uncapped {
+                    Some(Field::TimestampingUncapped.name(OptionScope::BucketDefaults))
+                } else {
+                    None
+                };
+                Error::UncappedWithAgeRetention {
+                    uncapped_field,
+                    age_field,
+                    retention_max_age_ms,
+                    from_bucket,
+                }
+            }
+            other => other,
+        })?;
         Ok(options)
     }
 
@@ -405,6 +429,7 @@ impl StreamOptions {
                 uncapped_field: Field::TimestampingUncapped.name(scope),
                 age_field: Field::RetentionMaxAgeMs.name(scope),
                 retention_max_age_ms: self.retention_max_age_ms,
+                from_bucket: None,
             });
         }
         Ok(())
@@ -741,10 +766,11 @@ mod tests {
     fn create_refuses_uncapped_with_age_retention() {
         let uncapped_bucket = StreamOptions { timestamping_uncapped: true, ..Default::default() };
         let aged_bucket = StreamOptions { retention_max_age_ms: 60_000, ..Default::default() };
-        let expected = |age| Error::UncappedWithAgeRetention {
+        let expected = |age, from_bucket| Error::UncappedWithAgeRetention {
             uncapped_field: "timestamping_uncapped",
             age_field: "retention_max_age_ms",
             retention_max_age_ms: age,
+            from_bucket,
         };
         // Both in the request.
         let both = StreamOptionsRequest {
@@ -752,13 +778,15 @@ mod tests {
             retention_max_age_ms: 1000,
             ..Default::default()
         };
-        assert_eq!(StreamOptions::default().with_request(&both), Err(expected(1000)));
+        assert_eq!(StreamOptions::default().with_request(&both), Err(expected(1000, None)));
         // Age in the request, uncapped from the bucket.
         let aged = StreamOptionsRequest { retention_max_age_ms: 5, ..Default::default() };
-        assert_eq!(uncapped_bucket.with_request(&aged), Err(expected(5)));
+        let from_bucket = Some("default_timestamping_uncapped");
+        assert_eq!(uncapped_bucket.with_request(&aged), Err(expected(5, from_bucket)));
         // Uncapped in the request, age from the bucket.
         let uncapped = StreamOptionsRequest { timestamping_uncapped: true, ..Default::default() };
-        assert_eq!(aged_bucket.with_request(&uncapped), Err(expected(60_000)));
+        let from_bucket = Some("default_retention_max_age_ms");
+        assert_eq!(aged_bucket.with_request(&uncapped), Err(expected(60_000, from_bucket)));
         // Byte retention is not age retention.
         let bytes = StreamOptionsRequest { retention_max_bytes: 1 << 20, ..uncapped };
         assert!(StreamOptions::default().with_request(&bytes).is_ok());
@@ -886,6 +914,7 @@ mod tests {
                 uncapped_field: "timestamping_uncapped",
                 age_field: "retention_max_age_ms",
                 retention_max_age_ms: 60_000,
+                from_bucket: None,
             })
         );
         // Setting age retention back to unbounded is fine, and so is byte retention.
@@ -1001,6 +1030,7 @@ mod tests {
                 uncapped_field: "default_timestamping_uncapped",
                 age_field: "default_retention_max_age_ms",
                 retention_max_age_ms: 1000,
+                from_bucket: None,
             }
         );
         assert_eq!(error.code(), Code::InvalidArgument);

@@ -347,6 +347,7 @@ fn uncapped_with_age_retention_is_refused_everywhere() {
         uncapped_field: "default_timestamping_uncapped",
         age_field: "default_retention_max_age_ms",
         retention_max_age_ms: 60_000,
+        from_bucket: None,
     };
     assert_eq!(
         block_on(control.create_bucket(&bucket("apps"), &refused_defaults, None)),
@@ -368,15 +369,16 @@ fn uncapped_with_age_retention_is_refused_everywhere() {
         block_on(control.update_bucket(&bucket("aged"), &refused_defaults)),
         Err(default_fields)
     );
-    let stream_fields = |age| Error::UncappedWithAgeRetention {
+    let stream_fields = |age, from_bucket| Error::UncappedWithAgeRetention {
         uncapped_field: "timestamping_uncapped",
         age_field: "retention_max_age_ms",
         retention_max_age_ms: age,
+        from_bucket,
     };
     let uncapped = StreamOptionsRequest { timestamping_uncapped: true, ..Default::default() };
     assert_eq!(
         block_on(control.create_stream(&bucket("aged"), &key("s"), &uncapped, None)),
-        Err(stream_fields(60_000))
+        Err(stream_fields(60_000, Some("default_retention_max_age_ms")))
     );
 
     // Bucket with uncapped streams by default: a create asking for age retention is
@@ -386,14 +388,14 @@ fn uncapped_with_age_retention_is_refused_everywhere() {
     let aging = StreamOptionsRequest { retention_max_age_ms: 1_000, ..Default::default() };
     assert_eq!(
         block_on(control.create_stream(&bucket("raw"), &key("s"), &aging, None)),
-        Err(stream_fields(1_000))
+        Err(stream_fields(1_000, Some("default_timestamping_uncapped")))
     );
     let stream = new_stream(control, "raw", "s");
     assert!(stream.options.timestamping_uncapped);
     let patch = StreamOptionsPatch { retention_max_age_ms: Some(1_000), ..Default::default() };
     assert_eq!(
         block_on(control.reconfigure_stream(&bucket("raw"), &key("s"), &patch)),
-        Err(stream_fields(1_000))
+        Err(stream_fields(1_000, None))
     );
     assert_eq!(block_on(control.get_stream(&bucket("raw"), &key("s"))).unwrap(), stream);
     assert_eq!(fixture.keys_under(keys::ADDRESSES), vec![keys::address(&bucket("raw"), &key("s"))]);
