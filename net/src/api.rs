@@ -1371,7 +1371,21 @@ async fn read(
             framing::encode_page_end(reply.next_seq_num, reply.tail, &mut frames);
             (frames, RECORDS_MEDIA_TYPE)
         } else {
-            let records = wire::records_json(&reply.frames, encoding)?;
+            let records = match wire::records_json(&reply.frames, encoding) {
+                Ok(records) => records,
+                // The page ends before the first record JSON cannot carry: read again,
+                // cut to the records before it (the read from it fails, naming it).
+                Err(wire::Unwritable { written, .. }) if written > 0 => {
+                    read = ReadRequest {
+                        start: ReadStart::SeqNum(first_seq_num),
+                        clamp: false,
+                        limits: PageLimits { records: written, ..read.limits },
+                        wait: None,
+                    };
+                    continue;
+                }
+                Err(unwritable) => return Err(unwritable.error),
+            };
             let page = json!({
                 "records": records,
                 "next_seq_num": reply.next_seq_num,

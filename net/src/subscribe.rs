@@ -268,7 +268,7 @@ impl Subscription {
     }
 
     /// The page's records as one event (SSE) or as the records frames the page holds.
-    fn records(&self, page: ReadReply) -> Result<Bytes, ApiError> {
+    fn records(&self, page: ReadReply) -> Result<Bytes, wire::Unwritable> {
         match self.wire {
             Wire::Sse(encoding) => {
                 let records = wire::records_json(&page.frames, encoding)?;
@@ -337,39 +337,45 @@ impl Subscription {
                     (next_seq_num - page.record_count, page.record_count, page.content_bytes);
                 let mut left = self.left;
                 left.take(&page);
-                let records = match self.records(page) {
-                    Ok(records) => records,
-                    Err(error) => {
-                        self.send(self.error(&error)).await;
-                        return;
-                    }
-                };
-                match self.shared.responses.try_hold(records.len() as u64) {
-                    Some(hold) => {
-                        (self.left, cuts) = (left, 0);
-                        if !self.send(Chunk::held(records, hold)).await {
-                            return;
-                        }
-                        last_event = Instant::now();
-                    }
-                    // Encoded, the page is larger than what is free (its cut counted
-                    // content, or others took the room while it was read): it is let go
-                    // and read again from where it began: cut to fit what is free now; or,
-                    // with too little free, once at least the floor is; or, one record
-                    // (or cut as often as cuts go), as itself once as much is free.
-                    None => {
-                        let bytes = records.len() as u64;
-                        resume = first_seq_num;
-                        match self.shared.responses.refit(page_records, content, bytes, cuts) {
-                            Refit::Cut(fit) => cut = Some(fit),
-                            Refit::Floor => {}
-                            Refit::Whole => {
-                                // Slack for a tail of more digits in the page's JSON.
-                                room = bytes + 64;
-                                cut = Some(Cut { records: page_records, bytes: content });
+                match self.records(page) {
+                    Ok(records) => match self.shared.responses.try_hold(records.len() as u64) {
+                        Some(hold) => {
+                            (self.left, cuts) = (left, 0);
+                            if !self.send(Chunk::held(records, hold)).await {
+                                return;
                             }
+                            last_event = Instant::now();
                         }
-                        cuts += 1;
+                        // Encoded, the page is larger than what is free (its cut counted
+                        // content, or others took the room while it was read): it is let
+                        // go and read again from where it began: cut to fit what is free
+                        // now; or, with too little free, once at least the floor is; or,
+                        // one record (or cut as often as cuts go), as itself once as much
+                        // is free.
+                        None => {
+                            let bytes = records.len() as u64;
+                            resume = first_seq_num;
+                            match self.shared.responses.refit(page_records, content, bytes, cuts) {
+                                Refit::Cut(fit) => cut = Some(fit),
+                                Refit::Floor => {}
+                                Refit::Whole => {
+                                    // Slack for a tail of more digits in the page's JSON.
+                                    room = bytes + 64;
+                                    cut = Some(Cut { records: page_records, bytes: content });
+                                }
+                            }
+                            cuts += 1;
+                        }
+                    },
+                    // The page ends before the first record JSON cannot carry: it is read
+                    // again, cut to the records before it; the page from it fails.
+                    Err(wire::Unwritable { written, .. }) if written > 0 => {
+                        resume = first_seq_num;
+                        cut = Some(Cut { records: written, bytes: content });
+                    }
+                    Err(unwritable) => {
+                        self.send(self.error(&unwritable.error)).await;
+                        return;
                     }
                 }
             }

@@ -467,33 +467,47 @@ pub fn stream_json(stream: &StreamRecord, tail: Option<Tail>) -> Value {
 
 // ---- Records ------------------------------------------------------------------------
 
-/// The records of a read page (binary framing) as JSON record objects.
-pub fn records_json(frames: &[u8], encoding: Encoding) -> Result<Vec<Value>, ApiError> {
+/// Why a read page's records could not all be written as JSON: the error, and how many
+/// records before the one that failed could (0 when the page is corrupt).
+#[derive(Debug)]
+pub struct Unwritable {
+    pub written: u64,
+    pub error: ApiError,
+}
+
+/// The records of a read page (binary framing) as JSON record objects. A record whose
+/// bytes the encoding cannot carry (not UTF-8, without base64) stops it: the caller ends
+/// the page before that record when others precede it, so that a reader gets every
+/// record up to it and the read from it fails naming it.
+pub fn records_json(frames: &[u8], encoding: Encoding) -> Result<Vec<Value>, Unwritable> {
+    let corrupt = |error: ApiError| Unwritable { written: 0, error };
     let mut out = Vec::new();
     let mut at = 0;
     while at < frames.len() {
         let (frame, used) = match decode_frame(&frames[at..]) {
             Ok(Some(decoded)) => decoded,
-            Ok(None) => return Err(ApiError::internal("a read page ends inside a frame")),
+            Ok(None) => return Err(corrupt(ApiError::internal("a read page ends inside a frame"))),
             Err(error) => {
-                return Err(ApiError::internal(format!("a read page is corrupt: {error}")));
+                return Err(corrupt(ApiError::internal(format!(
+                    "a read page is corrupt: {error}"
+                ))));
             }
         };
         at += used;
         let Frame::Records(run) = frame else { continue };
         for (seq_num, timestamp, stored) in run.iter() {
             let record = engine::record::decode(stored).map_err(|error| {
-                ApiError::internal(format!("stored record {seq_num} is corrupt: {error}"))
+                corrupt(ApiError::internal(format!("stored record {seq_num} is corrupt: {error}")))
             })?;
+            let unwritable = |error| Unwritable { written: out.len() as u64, error };
+            let text = |bytes, what: &str| {
+                encoding.encode(bytes, &|| format!("record {seq_num} ({what})")).map_err(unwritable)
+            };
             let mut headers = Vec::with_capacity(record.header_count());
             for (name, value) in record.headers() {
-                headers.push(json!([
-                    encoding.encode(name, &|| format!("record {seq_num} (a header name)"))?,
-                    encoding.encode(value, &|| format!("record {seq_num} (a header value)"))?,
-                ]));
+                headers.push(json!([text(name, "a header name")?, text(value, "a header value")?]));
             }
-            let body =
-                encoding.encode(record.body(), &|| format!("record {seq_num} (its body)"))?;
+            let body = text(record.body(), "its body")?;
             out.push(json!({
                 "seq_num": seq_num,
                 "timestamp": timestamp,

@@ -602,6 +602,41 @@ fn base64_round_trips_all_256_byte_values(nova: &Nova) {
     // Without base64, the page is refused, not mangled.
     let refused = nova.err("GET", "/v1/streams/bin/s/records", None, 400, "invalid_argument");
     assert!(refused["message"].as_str().expect("message").contains("base64"), "{refused}");
+    // Records before one that is not UTF-8 are read: the page ends before it, and the
+    // read from it is refused, naming it. A subscription likewise delivers them, then
+    // ends with the error.
+    nova.ok("POST", "/v1/buckets/bint", Some(r#"{"create_stream_on_append":true}"#), 201);
+    for (i, body) in ["t0", "t1"].iter().enumerate() {
+        let append = json!({"records": [{"body": b64.encode(body)}]}).to_string();
+        let ack =
+            nova.call_with("POST", "/v1/streams/bint/s/records", &encoded, Some(append.as_bytes()));
+        assert_eq!(ack.json()["start"]["seq_num"], i, "{}", ack.text());
+    }
+    let ack = nova.call_with(
+        "POST",
+        "/v1/streams/bint/s/records",
+        &encoded,
+        Some(body.to_string().as_bytes()),
+    );
+    assert_eq!(ack.json()["start"]["seq_num"], 2, "{}", ack.text());
+    let page = nova.ok("GET", "/v1/streams/bint/s/records?seq_num=0", None, 200);
+    assert_eq!(
+        (bodies(&page), &page["next_seq_num"]),
+        (vec!["t0".to_owned(), "t1".to_owned()], &json!(2))
+    );
+    let refused =
+        nova.err("GET", "/v1/streams/bint/s/records?seq_num=2", None, 400, "invalid_argument");
+    assert!(
+        refused["message"].as_str().expect("message").contains("record 2 (a header name)"),
+        "{refused}"
+    );
+    let mut stream = subscribe(nova, "bint", "seq_num=0", &[]);
+    let batch = event(&mut stream);
+    assert_eq!(batch.event, "batch");
+    assert_eq!(bodies(&serde_json::from_str(&batch.data).expect("json")), ["t0", "t1"]);
+    let error = event(&mut stream);
+    assert_eq!(error.event, "error");
+    assert!(error.data.contains("record 2 (a header name)"), "{}", error.data);
     let bad = nova.call_with(
         "POST",
         "/v1/streams/bin/s/records",
