@@ -460,6 +460,9 @@ pub struct ShardStats {
     pub settle_backlog_ms: u64,
     /// Entries in the cache's eviction order (at most twice the cached chunks, plus 4096).
     pub cache_entries: u64,
+    /// Metered bytes held of the memory budget (`--shard-memory-bytes`): unsettled and
+    /// cached chunks. It reaches the budget once the cache has filled, and stays there.
+    pub memory_held: u64,
     /// The retention duty's backlog at its last pass: how long the most overdue record
     /// had been past its stream's age bound when the pass began (0: none; set before the
     /// pass trims). Up to `retention-interval-ms` is by design; past it, trims are
@@ -603,6 +606,7 @@ impl Shard {
         self.busy.set(busy);
         ShardStats {
             busy_micros: u64::try_from(busy.as_micros()).unwrap_or(u64::MAX),
+            memory_held: self.held.get(),
             ..*self.stats.borrow()
         }
     }

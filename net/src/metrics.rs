@@ -224,7 +224,7 @@ impl Metrics {
         );
         out.push_str("# TYPE nova_log_lines_dropped_total counter\n");
         let _ = writeln!(out, "nova_log_lines_dropped_total {}", crate::log::dropped());
-        let engine_counters: [(EngineCounter, &str); 19] = [
+        let engine_counters: [(EngineCounter, &str); 20] = [
             (
                 ("nova_shard_groups_total", "journal group commits written", ShardStats::groups),
                 "counter",
@@ -258,6 +258,14 @@ impl Metrics {
                 ("nova_shard_cache_entries", "entries in the read cache's eviction order", |s| {
                     s.cache_entries
                 }),
+                "gauge",
+            ),
+            (
+                (
+                    "nova_shard_memory_bytes_held",
+                    "bytes held of --shard-memory-bytes: unsettled and cached chunks",
+                    |s| s.memory_held,
+                ),
                 "gauge",
             ),
             (

@@ -1228,6 +1228,7 @@ fn health_metrics_and_request_ids(nova: &Nova) {
         ("nova_settled_early_objects_total", "counter"),
         ("nova_settle_backlog_seconds", "gauge"),
         ("nova_shard_appends_waiting", "gauge"),
+        ("nova_shard_memory_bytes_held", "gauge"),
         ("nova_retention_backlog_seconds", "gauge"),
         ("nova_appends_total", "counter"),
         ("nova_bytes_out_total", "counter"),
@@ -1261,6 +1262,8 @@ fn health_metrics_and_request_ids(nova: &Nova) {
     assert!(grew("nova_ack_latency_seconds_bucket{") > 0.0, "{after}");
     assert_eq!(grew("nova_records_out_total{"), 2.0, "{after}");
     assert_eq!(grew("nova_bytes_out_total{"), 5.0, "{after}");
+    // Its chunk is held, cached, in its shard's memory budget.
+    assert!(nova.metric("nova_shard_memory_bytes_held") > 0, "{after}");
     assert!(text.contains("\nnova_auditor_backlog_seconds 0\n"), "{text}");
     assert!(text.contains("# TYPE nova_uploader_bundles_total counter"), "{text}");
     // Both answer HEAD and name both methods when refusing another. /metrics refuses a
