@@ -23,7 +23,7 @@ use glommio::io::DmaFile;
 use glommio::{LocalExecutorBuilder, Placement};
 use hdrhistogram::Histogram;
 
-use crate::harness::{self, Percentiles};
+use crate::harness::{self, Percentiles, Warmup};
 
 const RECORD_BYTES: usize = 1024;
 
@@ -92,7 +92,7 @@ fn run_case(
     let before = block_on(client.stats()).expect("stats")[0];
     let run = harness::closed_loop(
         producers,
-        durations.warmup,
+        Warmup::fixed(durations.warmup),
         durations.measure,
         |p| {
             let (client, bucket) = (client.clone(), bucket.clone());

@@ -3,6 +3,7 @@
 //! reported as bytes per second and as a ratio to its reference.
 
 use std::hint::black_box;
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Barrier};
 use std::thread;
 use std::time::{Duration, Instant};
@@ -127,14 +128,30 @@ impl From<bool> for Turn {
     }
 }
 
+/// How long a closed loop warms up before it measures: at least `min`, then until
+/// `warm` says what is measured has reached its steady state (asked every 50 ms), at
+/// most `max`.
+pub struct Warmup<'a> {
+    pub min: Duration,
+    pub max: Duration,
+    pub warm: &'a dyn Fn() -> bool,
+}
+
+impl Warmup<'static> {
+    /// Exactly `time`.
+    pub fn fixed(time: Duration) -> Self {
+        Warmup { min: time, max: time, warm: &|| true }
+    }
+}
+
 /// Runs `producers` closed loops, each on its own thread calling the operation
 /// `make(producer)` returns (one request, waiting for its answer: `true` when
-/// acknowledged, `false` when refused; or a [`Turn`]) back to back: for `warmup`, then,
-/// once every producer is warm, for `measure`. `at_start` runs just as the measured
-/// time starts.
+/// acknowledged, `false` when refused; or a [`Turn`]) back to back: through `warmup`,
+/// then, once every producer is warm, for `measure`. `at_start` runs just as the
+/// measured time starts.
 pub fn closed_loop<F, T>(
     producers: usize,
-    warmup: Duration,
+    warmup: Warmup<'_>,
     measure: Duration,
     make: impl Fn(usize) -> F,
     at_start: impl FnOnce(),
@@ -144,12 +161,12 @@ where
     T: Into<Turn>,
 {
     let gate = Arc::new(Barrier::new(producers + 1));
+    let warm = Arc::new(AtomicBool::new(false));
     let threads: Vec<_> = (0..producers)
         .map(|producer| {
-            let (mut op, gate) = (make(producer), Arc::clone(&gate));
+            let (mut op, gate, warm) = (make(producer), Arc::clone(&gate), Arc::clone(&warm));
             thread::spawn(move || {
-                let warm_until = Instant::now() + warmup;
-                while Instant::now() < warm_until {
+                while !warm.load(Ordering::Relaxed) {
                     op();
                 }
                 gate.wait();
@@ -174,6 +191,12 @@ where
             })
         })
         .collect();
+    let warming = Instant::now();
+    thread::sleep(warmup.min);
+    while warming.elapsed() < warmup.max && !(warmup.warm)() {
+        thread::sleep(Duration::from_millis(50).min(warmup.max.saturating_sub(warming.elapsed())));
+    }
+    warm.store(true, Ordering::Relaxed);
     gate.wait();
     at_start();
     let mut all = ClosedLoop {

@@ -45,7 +45,7 @@ use std::time::{Duration, Instant};
 
 use engine::framing::{AppendBuilder, AppendConditions};
 
-use crate::harness::{self, Percentiles};
+use crate::harness::{self, Percentiles, Warmup};
 
 const RECORD_BYTES: usize = 1024;
 /// Keep-alive connections, each a closed-loop producer on its own thread. HTTP/1.1 has
@@ -69,6 +69,9 @@ const BENCH_ROOT_TOKEN: &str = "bench-root-token-0123456789abcdef";
 
 struct Durations {
     warmup: Duration,
+    /// An append case warms up past `warmup` until its shard's memory budget has filled
+    /// ([`memory_filled`]), for at most this long.
+    warmup_max: Duration,
     measure: Duration,
     /// One pass of the loopback reference (the best of `reference_passes` counts).
     reference: Duration,
@@ -379,6 +382,37 @@ impl Connection {
     }
 }
 
+impl Durations {
+    /// An append case's warm-up: at least `warmup`, then until `filled` (its shard's
+    /// memory budget has filled), at most `warmup_max`.
+    fn appends_warmup<'a>(&self, filled: &'a dyn Fn() -> bool) -> Warmup<'a> {
+        Warmup { min: self.warmup, max: self.warmup_max, warm: filled }
+    }
+}
+
+/// Whether a shard holds nine tenths of its memory budget (`--shard-memory-bytes`) of
+/// `held`: its cache has filled, and the appends from then on reuse the memory of the
+/// chunks they evict. Until then every chunk is memory touched for the first time, which
+/// on these virtual machines costs 1 to 4 CPU seconds per GiB (docs/benchmarks.md): a
+/// case measured while a new server fills a 1 GiB budget measures that.
+fn memory_filled(held: impl Iterator<Item = u64>, budget: u64) -> bool {
+    held.max().is_some_and(|held| held >= budget / 10 * 9)
+}
+
+/// [`memory_filled`] for `server`, from its `/metrics`, its budget the default or
+/// `NOVA_SHARD_MEMORY_BYTES`, which it inherits.
+fn server_memory_filled(server: &Server) -> bool {
+    let budget = tuning::SHARD_MEMORY_BYTES.resolve(None).expect("a valid NOVA_SHARD_MEMORY_BYTES");
+    let mut connection = Connection::open(server).expect("connect to nova");
+    let status = connection.get("/metrics", "text/plain").expect("GET /metrics");
+    assert_eq!(status, 200, "GET /metrics: {}", String::from_utf8_lossy(&connection.body));
+    let text = String::from_utf8_lossy(&connection.body);
+    let held = text.lines().filter_map(|line| {
+        line.strip_prefix("nova_shard_memory_bytes_held{")?.rsplit(' ').next()?.parse().ok()
+    });
+    memory_filled(held, budget)
+}
+
 /// A request body of `records` 1 KiB records, and its content type.
 fn append_body(format: Format, records: usize) -> (&'static str, Vec<u8>) {
     match format {
@@ -411,9 +445,10 @@ fn run_case(server: &Server, case: Case, durations: &Durations) -> Outcome {
         _ => "bin",
     };
     let mut spent = Spent::of(Some(server.child.id()), &server.data_dir);
+    let filled = || server_memory_filled(server);
     let run = harness::closed_loop(
         CONNECTIONS,
-        durations.warmup,
+        durations.appends_warmup(&filled),
         durations.measure,
         |c| {
             let body = Arc::clone(&body);
@@ -465,9 +500,10 @@ fn run_session_case(server: &Server, case: Case, durations: &Durations) -> Outco
     // What goes on the wire per batch: its length, then the same append body.
     let request_bytes = append_body(Format::Binary, case.records).1.len() + 4;
     let mut spent = Spent::of(Some(server.child.id()), &server.data_dir);
+    let filled = || server_memory_filled(server);
     let run = harness::closed_loop(
         SESSIONS,
-        durations.warmup,
+        durations.appends_warmup(&filled),
         durations.measure,
         |s| {
             let key = format!("session-{}-{}-{}", case.streams, case.records, s % case.streams);
@@ -534,7 +570,7 @@ fn read_back(server: &Server, key: &str, page_records: u64, durations: &Duration
     let mut spent = Spent::of(Some(server.child.id()), &server.data_dir);
     let run = harness::closed_loop(
         READERS,
-        durations.warmup,
+        Warmup::fixed(durations.warmup),
         durations.measure,
         |reader| {
             let mut connection = Connection::open(server).expect("connect to nova");
@@ -597,6 +633,7 @@ fn in_process(data_dir: &Path, case: Case, durations: &Durations) -> Outcome {
     config
         .apply_knobs(&mut |knob| knob.resolve(None).map_err(|e| e.message))
         .expect("the NOVA_* knobs in the environment are valid");
+    let budget = config.shard.memory_budget_bytes;
     let node = Node::start(config).expect("in-process node");
     let client = node.client();
     let bucket = BucketName::parse(BUCKET).expect("bucket");
@@ -609,9 +646,13 @@ fn in_process(data_dir: &Path, case: Case, durations: &Durations) -> Outcome {
     let (_, framed) = append_body(Format::Binary, case.records);
     let framed = engine::framing::FramedBody::from(framed);
     let mut spent = Spent::of(None, data_dir);
+    let filled = || {
+        let stats = block_on(client.stats()).expect("the node's stats");
+        memory_filled(stats.iter().map(|shard| shard.memory_held), budget)
+    };
     let run = harness::closed_loop(
         CONNECTIONS,
-        durations.warmup,
+        durations.appends_warmup(&filled),
         durations.measure,
         |c| {
             let (client, bucket) = (client.clone(), bucket.clone());
@@ -624,8 +665,16 @@ fn in_process(data_dir: &Path, case: Case, durations: &Durations) -> Outcome {
             move || {
                 let key = &keys[turn % keys.len()];
                 turn += CONNECTIONS;
-                block_on(client.append(&bucket, key, request.clone())).expect("append");
-                true
+                match block_on(client.append(&bucket, key, request.clone())) {
+                    Ok(_) => true,
+                    // As the server answers 429: the budget full of chunks not yet in
+                    // the store.
+                    Err(error) if error.code() == engine::error::Code::ResourceExhausted => {
+                        thread::sleep(Duration::from_millis(1));
+                        false
+                    }
+                    Err(error) => panic!("append: {error}"),
+                }
             }
         },
         || spent.start(),
@@ -758,6 +807,7 @@ pub fn run(quick: bool) -> Result<(), String> {
     let durations = if quick {
         Durations {
             warmup: Duration::from_millis(20),
+            warmup_max: Duration::from_millis(20),
             measure: Duration::from_millis(100),
             reference: Duration::from_millis(100),
             reference_passes: 1,
@@ -766,6 +816,7 @@ pub fn run(quick: bool) -> Result<(), String> {
     } else {
         Durations {
             warmup: Duration::from_millis(500),
+            warmup_max: Duration::from_secs(10),
             measure: Duration::from_secs(3),
             reference: Duration::from_secs(1),
             reference_passes: 3,
@@ -863,7 +914,9 @@ pub fn run(quick: bool) -> Result<(), String> {
         "Server: {} (knobs: {}), a new one for each case (and the engine alone a new \
          node), its data under target/bench-http. Client: {CONNECTIONS} keep-alive connections, each a closed loop \
          on its own thread (sessions: {SESSIONS} append sessions of the Rust client, each \
-         keeping {SESSION_IN_FLIGHT} batches in flight, latency from submit to ack); {:.1} s measured per case after {:.1} s of warm-up{primed}. Reference in \
+         keeping {SESSION_IN_FLIGHT} batches in flight, latency from submit to ack); {:.1} s measured per case after a warm-up of at least {:.1} s, then until the \
+         shard holds nine tenths of its memory budget (its cache full: appends then reuse \
+         memory rather than touch new pages), at most {:.1} s{primed}. Reference in \
          the same run: one loopback TCP connection, 128 KiB writes, best of {} passes of \
          {:.1} s before and after the cases: {:.0} MB/s (before {:.0}, after {:.0}), its \
          sender and receiver spending {loopback_cpu_per_gb:.2} core-seconds per GB. CPU \
@@ -879,6 +932,7 @@ pub fn run(quick: bool) -> Result<(), String> {
         knobs_from_environment(),
         durations.measure.as_secs_f64(),
         durations.warmup.as_secs_f64(),
+        durations.warmup_max.as_secs_f64(),
         durations.reference_passes,
         durations.reference.as_secs_f64(),
         loopback / 1e6,

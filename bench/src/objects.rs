@@ -27,7 +27,7 @@ use futures_lite::future::block_on;
 use hdrhistogram::Histogram;
 use s3::{ObjectStore, PutCondition, S3Config, S3Credentials};
 
-use crate::harness::{self, Percentiles};
+use crate::harness::{self, Percentiles, Warmup};
 
 const RECORD_BYTES: usize = 1024;
 /// The streams' flush delay: short, so a 1-record batch's latency is the store's and not
@@ -119,7 +119,7 @@ fn run_case(client: &Client, bucket: &BucketName, case: Case, durations: &Durati
     let mut before = Vec::new();
     let run = harness::closed_loop(
         case.producers,
-        durations.warmup,
+        Warmup::fixed(durations.warmup),
         durations.measure,
         |p| {
             let (client, bucket) = (client.clone(), bucket.clone());
