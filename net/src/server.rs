@@ -129,22 +129,23 @@ async fn serve_queued(queue: &socket2::Socket, permits: &Rc<Semaphore>, shared: 
         return;
     }
     for _ in 0..LISTEN_BACKLOG {
-        let Ok(permit) = permits.acquire_static_permit(1).await else { return };
-        match queue.accept() {
-            Ok((socket, _)) => {
-                use std::os::fd::{FromRawFd as _, IntoRawFd as _};
-                // SAFETY: a connected socket whose descriptor the stream now owns alone.
-                let stream = unsafe { TcpStream::from_raw_fd(socket.into_raw_fd()) };
-                glommio::spawn_local(connection(Rc::clone(shared), stream, permit)).detach();
-            }
+        // Taken before its permit, so that the listener closes as soon as the queue is
+        // empty, not once a connection has given a permit back.
+        let socket = match queue.accept() {
+            Ok((socket, _)) => socket,
             Err(error) if error.kind() == std::io::ErrorKind::WouldBlock => return,
             // Reset by its client before it was taken: the next one.
-            Err(error) if error.kind() == std::io::ErrorKind::ConnectionAborted => {}
+            Err(error) if error.kind() == std::io::ErrorKind::ConnectionAborted => continue,
             Err(error) => {
                 crate::log_line!("nova accept failed on shard {}: {error}", shared.shard);
                 return;
             }
-        }
+        };
+        let Ok(permit) = permits.acquire_static_permit(1).await else { return };
+        use std::os::fd::{FromRawFd as _, IntoRawFd as _};
+        // SAFETY: a connected socket whose descriptor the stream now owns alone.
+        let stream = unsafe { TcpStream::from_raw_fd(socket.into_raw_fd()) };
+        glommio::spawn_local(connection(Rc::clone(shared), stream, permit)).detach();
     }
 }
 
@@ -249,9 +250,17 @@ async fn connection(shared: Rc<Shared>, stream: TcpStream, permit: StaticPermit)
     let requests = Rc::clone(&activity);
     let service = service_fn(move |request| {
         let answering = Answering::begin(&requests);
+        let stopping = handler.stopping.clone();
         let answer = api::handle(Rc::clone(&handler), Rc::clone(&callers), request);
         async move {
-            let response = answer.await?;
+            let mut response = answer.await?;
+            // Once the node is stopping, every answer is its connection's last (hyper
+            // closes after it), also one hyper writes in the poll that read its request,
+            // before the graceful shutdown below could be asked for.
+            if stopping.is_set() {
+                let close = hyper::header::HeaderValue::from_static("close");
+                response.headers_mut().insert(hyper::header::CONNECTION, close);
+            }
             Ok::<_, Infallible>(response.map(|body| Answer { body, _answering: answering }))
         }
     });
@@ -274,7 +283,8 @@ async fn connection(shared: Rc<Shared>, stream: TcpStream, permit: StaticPermit)
             // hyper closes a connection between requests now, or after the request in
             // hand. It would also close one that has not read a byte yet, though its
             // first request may be on its way (just accepted, or queued at the stop): that
-            // one is told once its first request has come.
+            // one is told once its first request has come, and the answer to that request
+            // closes it anyway (the service's `connection: close`).
             if stopped && !shutting_down && activity.requested.get() {
                 shutting_down = true;
                 connection.as_mut().graceful_shutdown();

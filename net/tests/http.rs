@@ -1682,11 +1682,18 @@ fn sigterm_serves_connections_queued_in_the_kernel() {
         body.len()
     );
     queued.write_all(format!("{head}{body}").as_bytes()).expect("send the append");
+    // A request answered at once (in the poll that reads it) is its connection's last too.
+    let mut probe = std::net::TcpStream::connect(&nova.server.authority).expect("connect");
+    probe.write_all(b"GET /health HTTP/1.1\r\nhost: nova\r\n\r\n").expect("send a probe");
     assert!(nova.terminate().success());
     let (status, answer) = read_answer(&mut queued);
     let answer = String::from_utf8_lossy(&answer);
     assert_eq!(status, 200, "{answer}");
     assert!(answer.contains(r#""start":{"seq_num":0"#), "{answer}");
+    let mut probed = Vec::new();
+    probe.read_to_end(&mut probed).expect("the probe's answer, then its close");
+    let probed = String::from_utf8_lossy(&probed);
+    assert!(probed.starts_with("HTTP/1.1 200") && probed.contains("connection: close"), "{probed}");
     let mut rest = Vec::new();
     queued.read_to_end(&mut rest).expect("the server closes it after the answer");
     assert!(rest.is_empty());
