@@ -111,9 +111,11 @@ pub enum Error {
     /// wire names of where the combination was found; `from_bucket` names the bucket
     /// default a stream's create took one of them from (the request did not send it).
     #[error(
-        "{uncapped_field} cannot be combined with {age_field} {retention_max_age_ms}{}: \
-         age retention reads record time as wall-clock time",
-        from_bucket.map_or(String::new(), |field| format!(" (taken from the bucket's {field})"))
+        "{uncapped_field} cannot be combined with {age_field} {retention_max_age_ms}: \
+         age retention reads record time as wall-clock time{}",
+        from_bucket.map_or(String::new(), |field| format!(
+            " (the stream would take the bucket's {field})"
+        ))
     )]
     UncappedWithAgeRetention {
         uncapped_field: &'static str,
@@ -575,7 +577,7 @@ mod tests {
                 },
                 Code::InvalidArgument,
                 &[
-                    "retention_max_age_ms 60000 (taken from the bucket's default_retention_max_age_ms)",
+                    "wall-clock time (the stream would take the bucket's default_retention_max_age_ms)",
                 ],
             ),
             (

@@ -1375,11 +1375,11 @@ async fn read(
                 Ok(records) => records,
                 // The page ends before the first record JSON cannot carry: read again,
                 // cut to the records before it (the read from it fails, naming it).
-                Err(wire::Unwritable { written, .. }) if written > 0 => {
+                Err(wire::Unwritable { records_before, .. }) if records_before > 0 => {
                     read = ReadRequest {
                         start: ReadStart::SeqNum(first_seq_num),
                         clamp: false,
-                        limits: PageLimits { records: written, ..read.limits },
+                        limits: PageLimits { records: records_before, ..read.limits },
                         wait: None,
                     };
                     continue;

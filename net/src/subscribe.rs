@@ -369,9 +369,9 @@ impl Subscription {
                     },
                     // The page ends before the first record JSON cannot carry: it is read
                     // again, cut to the records before it; the page from it fails.
-                    Err(wire::Unwritable { written, .. }) if written > 0 => {
+                    Err(wire::Unwritable { records_before, .. }) if records_before > 0 => {
                         resume = first_seq_num;
-                        cut = Some(Cut { records: written, bytes: content });
+                        cut = Some(Cut { records: records_before, bytes: content });
                     }
                     Err(unwritable) => {
                         self.send(self.error(&unwritable.error)).await;

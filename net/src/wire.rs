@@ -471,7 +471,7 @@ pub fn stream_json(stream: &StreamRecord, tail: Option<Tail>) -> Value {
 /// records before the one that failed could (0 when the page is corrupt).
 #[derive(Debug)]
 pub struct Unwritable {
-    pub written: u64,
+    pub records_before: u64,
     pub error: ApiError,
 }
 
@@ -480,7 +480,7 @@ pub struct Unwritable {
 /// the page before that record when others precede it, so that a reader gets every
 /// record up to it and the read from it fails naming it.
 pub fn records_json(frames: &[u8], encoding: Encoding) -> Result<Vec<Value>, Unwritable> {
-    let corrupt = |error: ApiError| Unwritable { written: 0, error };
+    let corrupt = |error: ApiError| Unwritable { records_before: 0, error };
     let mut out = Vec::new();
     let mut at = 0;
     while at < frames.len() {
@@ -499,7 +499,7 @@ pub fn records_json(frames: &[u8], encoding: Encoding) -> Result<Vec<Value>, Unw
             let record = engine::record::decode(stored).map_err(|error| {
                 corrupt(ApiError::internal(format!("stored record {seq_num} is corrupt: {error}")))
             })?;
-            let unwritable = |error| Unwritable { written: out.len() as u64, error };
+            let unwritable = |error| Unwritable { records_before: out.len() as u64, error };
             let text = |bytes, what: &str| {
                 encoding.encode(bytes, &|| format!("record {seq_num} ({what})")).map_err(unwritable)
             };

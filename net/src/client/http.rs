@@ -160,9 +160,10 @@ pub fn open(
     open_on(connect(server, timeout)?, server, method, path, headers, body, timeout)
 }
 
-/// A connection to `server`, each of its addresses tried in turn for at most `timeout`
-/// or its connect timeout, the shorter (neither: as long as the kernel tries, about two
+/// A connection to `server`, its addresses tried in turn within `timeout` or its connect
+/// timeout, the shorter, in all (neither: as long as the kernel tries, about two
 /// minutes), so that an unreachable host fails a call within the client's timeout too.
+/// (Resolving the name is not bounded: it is the system resolver's.)
 pub fn connect(server: &Server, timeout: Option<Duration>) -> io::Result<TcpStream> {
     let authority = &server.authority;
     let timeout = match (timeout, server.connect_timeout) {
@@ -172,9 +173,13 @@ pub fn connect(server: &Server, timeout: Option<Duration>) -> io::Result<TcpStre
     let Some(timeout) = timeout else {
         return TcpStream::connect(authority);
     };
-    let mut last = None;
+    let (until, mut last) = (std::time::Instant::now() + timeout, None);
     for address in authority.to_socket_addrs()? {
-        match TcpStream::connect_timeout(&address, timeout) {
+        let left = until.saturating_duration_since(std::time::Instant::now());
+        if left.is_zero() {
+            break;
+        }
+        match TcpStream::connect_timeout(&address, left) {
             Ok(stream) => return Ok(stream),
             Err(error) => last = Some(error),
         }

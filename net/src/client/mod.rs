@@ -790,7 +790,7 @@ fn records_from_json(page: &Value) -> Result<Vec<Record>> {
 
 /// A kept-alive connection.
 struct Conn {
-    reader: BufReader<Timed>,
+    reader: BufReader<DeadlineSocket>,
 }
 
 impl Conn {
@@ -801,16 +801,25 @@ impl Conn {
         timeout: Option<Duration>,
         until: Option<Instant>,
     ) -> io::Result<Conn> {
-        let stream = http::connect(server, Timed::limit(timeout, until)?)?;
+        let stream = http::connect(server, DeadlineSocket::limit(timeout, until)?)?;
         stream.set_nodelay(true)?;
         stream.set_read_timeout(timeout)?;
         stream.set_write_timeout(timeout)?;
-        Ok(Conn { reader: BufReader::with_capacity(64 << 10, Timed { stream, timeout, until }) })
+        Ok(Conn {
+            reader: BufReader::with_capacity(64 << 10, DeadlineSocket { stream, timeout, until }),
+        })
     }
 
     /// The connection's reads and writes end by `until` from now on (one call's).
-    fn until(&mut self, until: Option<Instant>) {
-        self.reader.get_mut().until = until;
+    fn until(&mut self, until: Option<Instant>) -> io::Result<()> {
+        let socket = self.reader.get_mut();
+        if until.is_none() && socket.until.is_some() {
+            // The last call's deadline cut the socket's timeouts: back to the client's.
+            socket.stream.set_read_timeout(socket.timeout)?;
+            socket.stream.set_write_timeout(socket.timeout)?;
+        }
+        socket.until = until;
+        Ok(())
     }
 
     /// Whether the server closed it (or sent something unasked) while it sat idle.
@@ -828,40 +837,57 @@ impl Conn {
 
 /// A pooled connection's socket: each read and write waits at most the client's timeout,
 /// and none past the deadline of the call it serves.
-struct Timed {
+struct DeadlineSocket {
     stream: TcpStream,
     timeout: Option<Duration>,
     until: Option<Instant>,
 }
 
-impl Timed {
+impl DeadlineSocket {
     /// How long one wait may last: `timeout`, cut to what is left until `until`; an error
     /// once nothing is.
     fn limit(timeout: Option<Duration>, until: Option<Instant>) -> io::Result<Option<Duration>> {
         let Some(until) = until else { return Ok(timeout) };
         let left = until.saturating_duration_since(Instant::now());
         if left.is_zero() {
-            return Err(io::Error::new(io::ErrorKind::TimedOut, "the call's deadline passed"));
+            return Err(deadline_passed());
         }
         Ok(Some(timeout.map_or(left, |timeout| timeout.min(left))))
     }
-}
 
-impl Read for Timed {
-    fn read(&mut self, buf: &mut [u8]) -> io::Result<usize> {
-        if self.until.is_some() {
-            self.stream.set_read_timeout(Timed::limit(self.timeout, self.until)?)?;
-        }
-        self.stream.read(buf)
+    /// Sets the socket's next wait with `set`: the client's timeout, or what is left of
+    /// the deadline when that is shorter (true).
+    fn clip(&self, set: fn(&TcpStream, Option<Duration>) -> io::Result<()>) -> io::Result<bool> {
+        let Some(until) = self.until else { return Ok(false) };
+        let limit = DeadlineSocket::limit(self.timeout, Some(until))?;
+        set(&self.stream, limit)?;
+        Ok(limit != self.timeout)
     }
 }
 
-impl Write for Timed {
+fn deadline_passed() -> io::Error {
+    io::Error::new(io::ErrorKind::TimedOut, "the call's deadline passed")
+}
+
+/// A wait's failure, said as the deadline's when the deadline is what ended it.
+fn ended(error: io::Error, clipped: bool) -> io::Error {
+    match error.kind() {
+        io::ErrorKind::WouldBlock | io::ErrorKind::TimedOut if clipped => deadline_passed(),
+        _ => error,
+    }
+}
+
+impl Read for DeadlineSocket {
+    fn read(&mut self, buf: &mut [u8]) -> io::Result<usize> {
+        let clipped = self.clip(TcpStream::set_read_timeout)?;
+        self.stream.read(buf).map_err(|error| ended(error, clipped))
+    }
+}
+
+impl Write for DeadlineSocket {
     fn write(&mut self, buf: &[u8]) -> io::Result<usize> {
-        if self.until.is_some() {
-            self.stream.set_write_timeout(Timed::limit(self.timeout, self.until)?)?;
-        }
-        self.stream.write(buf)
+        let clipped = self.clip(TcpStream::set_write_timeout)?;
+        self.stream.write(buf).map_err(|error| ended(error, clipped))
     }
 
     fn flush(&mut self) -> io::Result<()> {
@@ -939,11 +965,13 @@ impl Client {
     /// Each call ends within `deadline` (None, the default: no bound but the timeouts),
     /// its connection, its attempts and the waits between them included: a call whose
     /// deadline passes fails with an [`Error::Io`] that [`Error::timed_out`], and a retry
-    /// that could not begin before it is not made (the last failure is returned). The
-    /// per-read `timeout` bounds a server that stops answering; this bounds one that
-    /// answers too slowly, or a call's retries. Append sessions and subscriptions, which
-    /// last as long as their caller wants, are not bounded by it. A read with `wait` (a
-    /// long poll) needs a deadline above its wait. A zero deadline is none.
+    /// is not begun unless as long as the last attempt took is left after its wait (the
+    /// last failure is returned). The per-read `timeout` bounds a server that stops
+    /// answering; this bounds one that answers too slowly, or a call's retries. Append
+    /// sessions and subscriptions, which last as long as their caller wants, are not
+    /// bounded by it, nor is resolving the server's name. [`Client::ensure_bucket`] is
+    /// two calls, each with the deadline. A read with `wait` (a long poll) needs a
+    /// deadline above its wait. A zero deadline is none.
     pub fn with_deadline(mut self, deadline: Option<Duration>) -> Self {
         self.deadline = deadline.filter(|deadline| !deadline.is_zero());
         self
@@ -988,7 +1016,7 @@ impl Client {
             match idle {
                 Some(conn) if conn.is_stale() => continue,
                 Some(mut conn) => {
-                    conn.until(until);
+                    conn.until(until)?;
                     return Ok(conn);
                 }
                 None => return Conn::connect(&self.server, self.timeout, until),
@@ -1099,6 +1127,7 @@ impl Client {
         let mut backoff = self.backoff;
         let mut tried = 1;
         loop {
+            let began = Instant::now();
             let error = match attempt() {
                 Err(error)
                     if tried < attempts
@@ -1109,8 +1138,11 @@ impl Client {
                 }
                 other => return other,
             };
+            // Not begun unless it has as long as the last attempt took left after the
+            // wait: one begun with a moment left would only time out, its failure
+            // standing in for the last one's answer.
             let wait = backoff.max(error.retry_after());
-            if until.is_some_and(|until| Instant::now() + wait >= until) {
+            if until.is_some_and(|until| Instant::now() + wait + began.elapsed() >= until) {
                 return Err(error);
             }
             std::thread::sleep(wait);
