@@ -132,7 +132,7 @@ pub const SHARD_MEMORY_BYTES: Knob = Knob {
     min: 16 << 20,
     max: 1 << 40,
     help: "stored bytes one shard holds in memory, with 12 bytes a record for its directory entry (unsettled batches plus cached chunks); appends past it get resource_exhausted, and a batch larger than all of it is refused (invalid_argument)",
-    reason: "1 GiB holds several seconds of ingest at disk speed plus a useful read cache, on machines with a few GiB per core",
+    reason: "1 GiB holds several seconds of ingest at disk speed plus a useful read cache, on machines with a few GiB per core; a new process fills it with memory touched for the first time, which on some virtual machines costs seconds of CPU per GiB (docs/benchmarks.md), so its first GiB of ingest is slower (nova_shard_memory_bytes_held shows when the budget is full)",
 };
 
 /// Freed chunk buffers kept for reuse, per process.
