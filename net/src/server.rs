@@ -124,6 +124,7 @@ fn listen(address: SocketAddr) -> std::io::Result<(TcpListener, socket2::Socket)
 /// connection permit, as any other; at most a backlog's worth are taken, so a client
 /// that keeps connecting does not hold the stop.
 async fn serve_queued(queue: &socket2::Socket, permits: &Rc<Semaphore>, shared: &Rc<Shared>) {
+    use std::os::fd::{FromRawFd as _, IntoRawFd as _};
     if let Err(error) = queue.set_nonblocking(true) {
         crate::log_line!("nova cannot take queued connections on shard {}: {error}", shared.shard);
         return;
@@ -142,7 +143,6 @@ async fn serve_queued(queue: &socket2::Socket, permits: &Rc<Semaphore>, shared: 
             }
         };
         let Ok(permit) = permits.acquire_static_permit(1).await else { return };
-        use std::os::fd::{FromRawFd as _, IntoRawFd as _};
         // SAFETY: a connected socket whose descriptor the stream now owns alone.
         let stream = unsafe { TcpStream::from_raw_fd(socket.into_raw_fd()) };
         glommio::spawn_local(connection(Rc::clone(shared), stream, permit)).detach();

@@ -1116,7 +1116,7 @@ impl Client {
     /// Runs `attempt` until it succeeds, fails for good, or the attempts are spent (one
     /// when it is not `safe` to repeat): after a transient failure it waits the backoff,
     /// doubled each time, or the server's `Retry-After` when that is longer. No attempt
-    /// begins after that wait when it would end past `until`.
+    /// begins unless as long as the last one took is left of `until` after that wait.
     fn retrying<T>(
         &self,
         safe: bool,
