@@ -1037,7 +1037,8 @@ impl Client {
         }
     }
 
-    /// One request on a kept-alive connection, ended by `until`.
+    /// One request on a kept-alive connection, ended by `until`; an error status is an
+    /// [`Error::Api`].
     fn send_once(
         &self,
         method: &str,
@@ -1070,7 +1071,11 @@ impl Client {
                 if reusable {
                     self.put_conn(conn);
                 }
-                Ok(response)
+                if (200..300).contains(&response.status) {
+                    Ok(response)
+                } else {
+                    Err(Error::from_response(&response))
+                }
             }
             (Err(error), Ok(())) => {
                 Err(read_failure(format!("{method} {path} on {}", self.server.authority), error))
@@ -1089,28 +1094,8 @@ impl Client {
         body: Option<&[u8]>,
         safe: bool,
     ) -> Result<Response> {
-        self.call_by(method, path, headers, body, safe, self.call_until())
-    }
-
-    /// [`Client::call`], ended by `until`.
-    fn call_by(
-        &self,
-        method: &str,
-        path: &str,
-        headers: &[(&str, &str)],
-        body: Option<&[u8]>,
-        safe: bool,
-        until: Option<Instant>,
-    ) -> Result<Response> {
-        self.retrying(safe, until, || {
-            self.send_once(method, path, headers, body, until).and_then(|response| {
-                if (200..300).contains(&response.status) {
-                    Ok(response)
-                } else {
-                    Err(Error::from_response(&response))
-                }
-            })
-        })
+        let until = self.call_until();
+        self.retrying(safe, until, || self.send_once(method, path, headers, body, until))
     }
 
     /// Runs `attempt` until it succeeds, fails for good, or the attempts are spent (one
@@ -1353,7 +1338,7 @@ impl Client {
     ) -> Result<Response> {
         let (mut unknown, until) = (None, self.call_until());
         let answer = self.retrying(true, until, || {
-            let answer = self.call_by("POST", path, headers, Some(body), false, until);
+            let answer = self.send_once("POST", path, headers, Some(body), until);
             // A connection refused sent nothing.
             if let Err(error) = &answer
                 && error.outcome_unknown()
