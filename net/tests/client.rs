@@ -418,11 +418,21 @@ fn a_timeout_ends_a_connect_the_server_never_takes() {
     assert!(session.is_err(), "a session needs its connection");
 }
 
-/// A server on a port of its own that answers each request (once its head has come) by
-/// writing `answer` one byte at a time, `pace` apart, then closing; and how many
-/// requests it has taken.
-fn answering_slowly(
-    answer: impl Iterator<Item = u8> + Clone + Send + 'static,
+/// A server of the test's own, a client of it, and an express `bucket` whose streams are
+/// created on append (the directory holds the server's data).
+fn express_server(bucket: &str) -> (tempfile::TempDir, Nova, Client) {
+    let dir = tempfile::tempdir().expect("a temporary directory");
+    let nova = Nova::start_with(&dir.path().join("data"), &[], &[]);
+    let client = Client::new(&nova.url).expect("url");
+    autocreating(&client, bucket, StorageClass::Express);
+    (dir, nova, client)
+}
+
+/// A server on a port of its own (not nova) that answers each request, once its head has
+/// come, by writing the pieces of `answer`, `pace` apart, then closing; its URL, and how
+/// many requests it has taken.
+fn answering(
+    answer: impl Iterator<Item = Vec<u8>> + Clone + Send + 'static,
     pace: std::time::Duration,
 ) -> (String, std::sync::Arc<std::sync::atomic::AtomicUsize>) {
     use std::io::{BufRead as _, Write as _};
@@ -441,8 +451,8 @@ fn answering_slowly(
                     line.clear();
                 }
                 taken.fetch_add(1, Ordering::SeqCst);
-                for byte in answer {
-                    if stream.write_all(&[byte]).is_err() {
+                for piece in answer {
+                    if stream.write_all(&piece).is_err() {
                         return;
                     }
                     std::thread::sleep(pace);
@@ -470,7 +480,7 @@ fn a_deadline_bounds_a_whole_call() {
             .with_deadline(Some(deadline))
     };
     let endless = b"HTTP/1.1 200 OK\r\nx-slow: ".iter().copied().chain(std::iter::repeat(b'a'));
-    let (url, requests) = answering_slowly(endless, Duration::from_millis(50));
+    let (url, requests) = answering(endless.map(|byte| vec![byte]), Duration::from_millis(50));
     let started = Instant::now();
     let error = client(&url).check_tail(&Address::new("b", "k")).expect_err("never answered");
     let took = started.elapsed();
@@ -487,7 +497,7 @@ fn a_deadline_bounds_a_whole_call() {
          connection: close\r\n\r\n{body}",
         body.len()
     );
-    let (url, requests) = answering_slowly(refusal.into_bytes().into_iter(), Duration::ZERO);
+    let (url, requests) = answering(std::iter::once(refusal.into_bytes()), Duration::ZERO);
     let started = Instant::now();
     match client(&url).check_tail(&Address::new("b", "k")) {
         Err(Error::Api(error)) => {
@@ -502,6 +512,65 @@ fn a_deadline_bounds_a_whole_call() {
     let patient = Client::new(&url).expect("client").with_attempts(2);
     assert!(patient.check_tail(&Address::new("b", "k")).is_err());
     assert_eq!(requests.load(Ordering::SeqCst), 3, "sent again after Retry-After");
+}
+
+/// A subscription takes nothing on its server's word: a binary page of more than 128 MiB
+/// (its records frames with no page end) and an SSE record numbered u64::MAX (no position
+/// after it to resume from) are protocol errors, not memory held without bound or a
+/// position wrapped to 0.
+#[test]
+fn a_subscription_refuses_what_no_nova_server_sends() {
+    let address = Address::new("b", "k");
+    // Real records frames: a nova page of 64 records of 64 KiB, without its page end.
+    let (_dir, nova, _) = express_server("frames");
+    common::append_large(&nova, "frames/s", 1);
+    let page = nova.call_with(
+        "GET",
+        "/v1/streams/frames/s/records?seq_num=0",
+        &[("accept", RECORDS_MEDIA_TYPE)],
+        None,
+    );
+    let mut records_frames = Vec::new();
+    let mut at = 0;
+    while let Some((frame, used)) = engine::framing::decode_frame(&page.body[at..]).unwrap() {
+        if matches!(frame, engine::framing::Frame::Records(_)) {
+            records_frames.extend_from_slice(&page.body[at..at + used]);
+        }
+        at += used;
+    }
+    assert!(records_frames.len() > 4 << 20, "{} bytes of records frames", records_frames.len());
+    let head = format!("HTTP/1.1 200 OK\r\ncontent-type: {RECORDS_MEDIA_TYPE}\r\n\r\n");
+    let pieces = 1 + (128 << 20) / records_frames.len();
+    let answer =
+        std::iter::once(head.into_bytes()).chain(std::iter::repeat_n(records_frames, pieces));
+    let (url, _) = answering(answer, std::time::Duration::ZERO);
+    let client = Client::new(&url).expect("url");
+    let mut subscription =
+        client.subscribe(&address, &ReadOptions::default(), false).expect("opened");
+    match subscription.next() {
+        Some(Err(Error::Protocol(why))) => {
+            assert!(why.contains("a subscription page of more than 134217728 bytes"), "{why}")
+        }
+        other => panic!("expected a protocol error, got {other:?}"),
+    }
+
+    let data = format!(
+        r#"{{"records":[{{"seq_num":{},"timestamp":0,"headers":[],"body":"eA=="}}],"tail":{{"seq_num":0,"timestamp":0}}}}"#,
+        u64::MAX
+    );
+    let sse = format!(
+        "HTTP/1.1 200 OK\r\ncontent-type: text/event-stream\r\n\r\nevent: batch\ndata: {data}\n\n"
+    );
+    let (url, _) = answering(std::iter::once(sse.into_bytes()), std::time::Duration::ZERO);
+    let client = Client::new(&url).expect("url");
+    let mut subscription =
+        client.subscribe(&address, &ReadOptions::default(), true).expect("opened");
+    match subscription.next() {
+        Some(Err(Error::Protocol(why))) => {
+            assert!(why.contains(&format!("a record numbered {}", u64::MAX)), "{why}")
+        }
+        other => panic!("expected a protocol error, got {other:?}"),
+    }
 }
 
 /// Sessions left idle past the server's `--http-idle-timeout-ms`: a JSON one (requests
@@ -722,10 +791,7 @@ fn a_gateways_bare_error_is_a_failed_connection() {
     use s3::testing::{Fault, Proxy};
     const GATEWAY: &str = "HTTP/1.1 503 Service Unavailable\r\ncontent-type: text/plain\r\n\
                            content-length: 19\r\nconnection: close\r\n\r\nno healthy upstream";
-    let dir = tempfile::tempdir().expect("a temporary directory");
-    let nova = Nova::start_with(&dir.path().join("data"), &[], &[]);
-    let direct = Client::new(&nova.url).expect("url");
-    autocreating(&direct, "gateway", StorageClass::Express);
+    let (_dir, nova, direct) = express_server("gateway");
     let address = Address::new("gateway", "k");
     direct.append(&address, &batch(&["a", "b"]), &Conditions::default()).expect("append");
     let port = nova.port();
@@ -780,10 +846,7 @@ fn a_guarded_append_never_answered_fails_as_its_last_attempt() {
 #[test]
 fn a_guarded_append_refused_after_an_unknown_attempt_is_ambiguous() {
     use s3::testing::{Fault, Proxy};
-    let dir = tempfile::tempdir().expect("a temporary directory");
-    let nova = Nova::start_with(&dir.path().join("data"), &[], &[]);
-    let direct = Client::new(&nova.url).expect("url");
-    autocreating(&direct, "guarded", StorageClass::Express);
+    let (_dir, nova, direct) = express_server("guarded");
     let port = nova.port();
     let writer = |token: &str, seq_num| Conditions {
         match_seq_num: Some(seq_num),
@@ -834,10 +897,7 @@ fn a_guarded_append_refused_after_an_unknown_attempt_is_ambiguous() {
 #[test]
 fn a_guarded_append_whose_retry_finds_its_own_tail_fails_with_its_outcome_unknown() {
     use s3::testing::{Fault, Proxy};
-    let dir = tempfile::tempdir().expect("a temporary directory");
-    let nova = Nova::start_with(&dir.path().join("data"), &[], &[]);
-    let direct = Client::new(&nova.url).expect("url");
-    autocreating(&direct, "guarded", StorageClass::Express);
+    let (_dir, nova, direct) = express_server("guarded");
     let address = Address::new("guarded", "k");
     let guarded = |seq_num| Conditions { match_seq_num: Some(seq_num), ..Conditions::default() };
     direct.append(&address, &batch(&["first"]), &guarded(0)).expect("the first batch");
